@@ -1,0 +1,36 @@
+"""Durations: a number of milliseconds, or a string with a unit (500ms, 30s, 15m, 2h, 1d).
+
+Every duration field normalizes to integer milliseconds so that two manifests that
+mean the same thing serialize (and checksum) the same.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+_UNIT_MS = {"ms": 1, "s": 1_000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+_DURATION = re.compile(r"^\s*(\d+)\s*(ms|s|m|h|d)\s*$")
+
+
+def parse_duration(value: Any) -> int:
+    """Return milliseconds for ``value`` or raise ValueError with a sentence to act on."""
+    if isinstance(value, bool):
+        raise ValueError("must be a duration such as 500ms, 30s, 15m, 2h or 1d, not a boolean")
+    if isinstance(value, int):
+        if value < 0:
+            raise ValueError("must not be negative")
+        return value
+    if isinstance(value, float) and value.is_integer() and value >= 0:
+        return int(value)
+    if isinstance(value, str):
+        text = value.strip()
+        if text.isdigit():
+            return int(text)
+        match = _DURATION.match(text)
+        if match:
+            return int(match.group(1)) * _UNIT_MS[match.group(2)]
+    raise ValueError(
+        f"{value!r} is not a duration: write milliseconds (1500) or a number with a unit "
+        "(500ms, 30s, 15m, 2h, 1d)"
+    )

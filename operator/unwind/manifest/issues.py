@@ -1,0 +1,124 @@
+"""Validation issues, and the translation of pydantic's errors into sentences a person can
+act on (the field path, what is wrong, what to write instead)."""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass, replace
+from typing import Any, get_args
+
+from pydantic import BaseModel, ValidationError
+
+
+@dataclass(frozen=True)
+class Issue:
+    """One validation error: which tool, which field, what to fix, and where it was read."""
+
+    tool: str | None
+    path: str
+    message: str
+    file: str | None = None
+    line: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"tool": self.tool, "path": self.path, "message": self.message,
+                "file": self.file, "line": self.line}
+
+    def located(self, file: str | None, line: int | None) -> Issue:
+        return replace(self, file=file, line=line)
+
+    def __str__(self) -> str:
+        where = f"{self.file}:{self.line}: " if self.file and self.line else (
+            f"{self.file}: " if self.file else "")
+        who = f"{self.tool}: " if self.tool else ""
+        field = f"{self.path}: " if self.path else ""
+        return f"{where}{who}{field}{self.message}"
+
+
+def format_path(loc: tuple[str | int, ...]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += ("." if out else "") + part
+    return out
+
+
+def _input_path(data: Any, loc: tuple[int | str, ...]) -> tuple[str | int, ...]:
+    """Keep the parts of pydantic's loc that name places in the input; drop union branch
+    names (``str``, ``HeaderValue``) that pydantic inserts."""
+    path: list[str | int] = []
+    current = data
+    for part in loc:
+        if isinstance(current, dict) and part in current:
+            current = current[part]
+            path.append(part)
+        elif isinstance(current, list) and isinstance(part, int) and part < len(current):
+            current = current[part]
+            path.append(part)
+        elif isinstance(part, str) and (part in _BRANCH_NAMES or "[" in part or part[:1].isupper()):
+            continue  # the name of a union branch or validator, not a place in the input
+        else:
+            path.append(part)
+            current = None
+    return tuple(path)
+
+
+_BRANCH_NAMES = {"str", "int", "float", "bool", "list", "dict", "none", "literal"}
+
+
+def _all_field_names(model: type[BaseModel], seen: set[type[BaseModel]] | None = None) -> set[str]:
+    seen = seen if seen is not None else set()
+    if model in seen:
+        return set()
+    seen.add(model)
+    names = set(model.model_fields)
+    for field in model.model_fields.values():
+        for arg in _model_args(field.annotation):
+            names |= _all_field_names(arg, seen)
+    return names
+
+
+def _model_args(annotation: Any) -> list[type[BaseModel]]:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    out: list[type[BaseModel]] = []
+    for arg in get_args(annotation):
+        out.extend(_model_args(arg))
+    return out
+
+
+def issues_from_validation_error(
+    error: ValidationError, data: Any, tool: str | None, model: type[BaseModel]
+) -> list[Issue]:
+    known = sorted(_all_field_names(model))
+    issues: list[Issue] = []
+    seen: set[tuple[str, str]] = set()
+    errors = [(_input_path(data, tuple(e["loc"])), e) for e in error.errors(include_url=False)]
+    # In a union, the branch the input did not mean reports a type error at the same place
+    # where the branch it meant reports something deeper; keep only the deeper one.
+    deeper = {loc[:n] for loc, _ in errors for n in range(len(loc))}
+    for loc, err in errors:
+        if err["type"].endswith("_type") and loc in deeper:
+            continue
+        kind = err["type"]
+        value = err.get("input")
+        if kind == "extra_forbidden":
+            name = str(loc[-1]) if loc else "?"
+            close = difflib.get_close_matches(name, known, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            message = f"unknown field {name!r}{hint}: remove it or fix its spelling"
+        elif kind == "missing":
+            message = "is required: add it"
+        elif kind.startswith("value_error") or kind == "assertion_error":
+            message = str(err["msg"]).removeprefix("Value error, ").removeprefix("Assertion failed, ")
+        else:
+            text = str(err["msg"])
+            message = text[:1].lower() + text[1:] + f" (got {value!r})"
+        path = format_path(loc)
+        if (path, message) in seen:
+            continue
+        seen.add((path, message))
+        issues.append(Issue(tool=tool, path=path, message=message))
+    return issues

@@ -1,0 +1,247 @@
+"""The tool manifest model (pydantic v2).
+
+One manifest declares one tool an agent may call: what the call changes, the permission
+it needs, who approves it, and how to undo it and read the undo back. The model does the
+structural work (types, unknown fields, defaults, durations, the approval shapes); the
+rules that relate fields to each other live in ``validate.py`` as small named checks, so
+each can be tested and reported on its own.
+
+Field descriptions here are what ``kubectl explain toolmanifest.spec...`` shows, because
+the CRD schema is generated from this model.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
+
+from .durations import parse_duration
+
+TOOL_NAME_PATTERN = r"^[A-Za-z0-9_.:/\-]{1,128}$"
+
+
+def _duration(value: Any) -> Any:
+    return None if value is None else parse_duration(value)
+
+
+Duration = Annotated[
+    int,
+    BeforeValidator(_duration),
+    Field(description="Milliseconds, or a string with a unit: 500ms, 30s, 15m, 2h, 1d."),
+]
+OptDuration = Annotated[
+    int | None,
+    BeforeValidator(_duration),
+    Field(description="Milliseconds, or a string with a unit: 500ms, 30s, 15m, 2h, 1d."),
+]
+# A reference is kept as written ($args.x, $result.y?, $key, {const: v}); validate.py parses
+# each one and reports the field path of any that does not parse.
+Reference = Annotated[
+    Any,
+    Field(description="A reference: $args.<path>, $result.<path>, $key, or {const: <value>}. "
+          "A trailing ? makes it optional."),
+]
+
+
+class Effect(StrEnum):
+    read_only = "read_only"
+    idempotent = "idempotent"
+    reversible = "reversible"
+    compensable = "compensable"
+    irreversible = "irreversible"
+
+
+MUTATING = {Effect.reversible, Effect.compensable, Effect.irreversible, Effect.idempotent}
+UNDOABLE = {Effect.reversible, Effect.compensable}
+
+
+class Lifecycle(StrEnum):
+    draft = "draft"
+    approved = "approved"
+    deprecated = "deprecated"
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, use_enum_values=True)
+
+
+class Approval(Strict):
+    """Who must approve each call. The string forms normalize here: never → required false,
+    always → required true."""
+
+    required: bool = Field(True, description="Whether a human approves each call.")
+    roles: list[str] = Field(default_factory=list, description="Kubernetes groups allowed to approve.")
+    quorum: int = Field(1, description="Distinct approvers needed, 1 to 10; above 1 needs roles.")
+    timeout: OptDuration = Field(None, description="How long to wait for approval.")
+    on_timeout: Literal["deny", "escalate"] = Field("deny", description="deny (default) or escalate.")
+    escalate_to: list[str] = Field(default_factory=list, description="Groups asked after a timeout.")
+
+
+def _approval(value: Any) -> Any:
+    if value == "never":
+        return {"required": False}
+    if value == "always":
+        return {"required": True}
+    if isinstance(value, str):
+        raise ValueError(f"{value!r} is not an approval: write never, always, or an object")
+    return value
+
+
+class Verification(Strict):
+    """A read-only call made after the undo; the undo only counts when its answer matches."""
+
+    tool: str = Field(description="A registered read_only tool.")
+    arguments: dict[str, Reference] = Field(default_factory=dict, description="References resolved from the original call and result.")
+    expect: dict[str, Any] = Field(description="Dotted path in the answer → expected value (deep equal). At least one entry.")
+    retries: int = Field(3, ge=1, le=10, description="Attempts, 1 to 10.")
+    backoff_ms: Duration = Field(1000, description="Wait before the second attempt; doubled after each.")
+
+
+class Deadline(Strict):
+    """When the inverse stops being possible; after it, the compensation is used."""
+
+    within_ms: OptDuration = Field(None, description="Time from the call's answer.")
+    at: str | None = Field(None, description="A $result path to an ISO-8601 time or epoch milliseconds.")
+
+
+class Compensation(Strict):
+    """How the effect is undone."""
+
+    tool: str = Field(description="The tool that undoes this one; not the tool itself.")
+    argument_map: dict[str, Reference] = Field(default_factory=dict, description="The undo call's arguments, as references.")
+    kind: Literal["compensation", "inverse"] = Field("compensation", description="inverse restores the exact prior state; compensation makes amends and may leave residue.")
+    residue: list[str] = Field(default_factory=list, description="What the undo cannot take back, in plain words.")
+    requires_approval: bool = Field(False, description="A human must approve running this compensation.")
+    timeout_ms: OptDuration = Field(None, description="Recorded on the undo step for whoever runs it.")
+    verification: Verification | None = Field(None, description="Read-back that proves the undo worked.")
+    deadline: Deadline | None = Field(None, description="Until when the inverse applies.")
+
+
+class RequiredTool(Strict):
+    tool: str = Field(description="A tool that must have succeeded earlier in the run.")
+    status: Literal["succeeded"] = "succeeded"
+
+
+def _requirement(value: Any) -> Any:
+    return {"tool": value} if isinstance(value, str) else value
+
+
+class Risk(Strict):
+    data_class: str | None = Field(None, description="Free text such as pii or financial.")
+    blast_radius: Literal["low", "medium", "high", "critical"] | None = None
+    environment: str | None = Field(None, description="Recorded only.")
+
+
+class Retry(Strict):
+    attempts: int = Field(3, ge=1, le=10)
+    base_ms: Duration = 200
+    max_ms: Duration = 5000
+
+
+class Idempotency(Strict):
+    key: str = Field(description="Template over call arguments with at least one {{args.field}}.")
+    scope: Literal["run", "actor", "global"] = "run"
+
+
+class Audit(Strict):
+    retention_days: int | None = Field(None, ge=1)
+    evidence_export: Literal["required", "optional"] | None = None
+    redaction: list[Reference] = Field(default_factory=list, description="References to values kept out of the ledger.")
+
+
+class SecretKeyRef(Strict):
+    name: str
+    key: str
+
+
+class HeaderValue(Strict):
+    secretKeyRef: SecretKeyRef  # noqa: N815 - Kubernetes spelling
+
+
+class McpUpstream(Strict):
+    url: str
+    tool: str
+
+
+class Upstream(Strict):
+    """How the gateway reaches the tool: a JSON HTTP endpoint, or a tool of an MCP server."""
+
+    url: str | None = Field(None, description="The call's arguments are POSTed here as JSON.")
+    method: Literal["GET", "POST", "PUT", "PATCH", "DELETE"] = "POST"
+    headers: dict[str, str | HeaderValue] = Field(default_factory=dict, description="Literal values or {secretKeyRef: {name, key}}.")
+    timeout_ms: OptDuration = None
+    mcp: McpUpstream | None = None
+
+
+class Lookup(Strict):
+    """A read-only call that finds the effect when the call's answer was lost."""
+
+    tool: str
+    by: Literal["idempotency_key", "id"]
+    arguments: dict[str, Reference] = Field(default_factory=dict)
+
+
+class Draft(Strict):
+    """The staged form of the call, and the calls that publish or discard the draft."""
+
+    tool: str = Field(description="The tool that creates the draft (may be this tool).")
+    arguments: dict[str, Reference] = Field(default_factory=dict, description="Read only $args.")
+    handle: dict[str, Reference] = Field(default_factory=dict, description="Identifies the draft, from the draft call's $result.")
+    promote: str = Field(description="Tool that turns the draft into the real effect.")
+    discard: str | None = Field(None, description="Tool that throws the draft away.")
+
+
+class ToolManifest(Strict):
+    """One tool an agent may call: its effect, permission, approval and undo."""
+
+    tool: str = Field(description="Tool name: letters, digits and _ . : / -, up to 128 characters.")
+    effect: Effect = Field(description="read_only, idempotent, reversible, compensable or irreversible.")
+    permission: str = Field(description="Permission the caller's scope must contain. No whitespace.")
+    description: str | None = None
+    approval: Annotated[Approval, BeforeValidator(_approval)] = Field(
+        default_factory=lambda: Approval(required=False),
+        description="never (default), always, or {roles, quorum, timeout, on_timeout, escalate_to}.",
+    )
+    compensation: Compensation | None = Field(None, description="Required for reversible and compensable tools; forbidden otherwise.")
+    requires: list[Annotated[RequiredTool, BeforeValidator(_requirement)]] = Field(
+        default_factory=list, description="Tools that must have succeeded earlier in the run (a name or {tool, status})."
+    )
+    version: int = Field(1, ge=1, description="Positive integer; registries increment it on every publish.")
+    lifecycle: Lifecycle = Field(Lifecycle.approved, description="draft, approved (default) or deprecated.")
+    replaced_by: str | None = Field(None, description="For a deprecated tool, the tool to use instead.")
+    owner: list[str] = Field(default_factory=list, description="Who to ask when it misbehaves.")
+    oncall: str | None = None
+    risk: Risk | None = None
+    timeout_ms: OptDuration = Field(None, description="Longest the gateway waits for the upstream.")
+    retry: Retry | None = Field(None, description="Only for read_only and idempotent tools.")
+    idempotency: Idempotency | None = None
+    audit: Audit | None = None
+    schema_hash: str | None = Field(None, description="Hash of the upstream tool's input schema when the manifest was written.")
+    upstream: Upstream | None = None
+    lookup: Lookup | None = None
+    draft: Draft | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _irreversible_needs_approval(cls, data: Any) -> Any:
+        # An irreversible call always needs a human; an explicit `never` is left for the
+        # validator to refuse with a message, rather than silently overridden here.
+        if isinstance(data, dict) and data.get("effect") == "irreversible" and "approval" not in data:
+            return {**data, "approval": "always"}
+        return data
+
+    @field_validator("owner", mode="before")
+    @classmethod
+    def _owner_list(cls, value: Any) -> Any:
+        return [value] if isinstance(value, str) else value
+
+    def canonical_dict(self) -> dict[str, Any]:
+        """The normalized manifest: defaults filled, durations in ms, unset optionals left out
+        (so a field added to the model later does not change existing checksums)."""
+        return self.model_dump(mode="json", exclude_none=True)
+
+    @property
+    def enforceable(self) -> bool:
+        return self.lifecycle != Lifecycle.draft

@@ -1,0 +1,153 @@
+"""The reference grammar used by argument maps, verification arguments, redaction paths,
+lookup and draft arguments, and deadlines.
+
+    $args.<path>     a value from the call's arguments
+    $result.<path>   a value from the upstream's answer
+    $key             the idempotency key (lookups only)
+    {const: <v>}     a literal
+
+A path is dotted names with ``[n]`` or ``.n`` indices; a trailing ``?`` makes the value
+optional. There are no wildcards, filters or expressions: a reference either names one
+value or it does not, so an undo is never built from a guess.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Literal
+
+Root = Literal["args", "result", "key", "const"]
+Segment = str | int
+
+_NAME = re.compile(r"[A-Za-z0-9_\-]+")
+_INDEX = re.compile(r"\[(\d+)\]")
+
+
+class RefSyntaxError(ValueError):
+    """A reference that does not parse; the message says what to write instead."""
+
+
+@dataclass(frozen=True)
+class Ref:
+    root: Root
+    path: tuple[Segment, ...] = ()
+    optional: bool = False
+    value: Any = None  # the literal, for root == "const"
+
+    def text(self) -> str:
+        if self.root == "const":
+            return f"{{const: {self.value!r}}}"
+        out = "$" + self.root
+        for seg in self.path:
+            out += f"[{seg}]" if isinstance(seg, int) else f".{seg}"
+        return out + ("?" if self.optional else "")
+
+
+@dataclass(frozen=True)
+class Missing:
+    """Resolution found nothing; ``reason`` says which part of the path was absent."""
+
+    reason: str
+
+
+def parse_ref(raw: Any) -> Ref:
+    """Parse one reference, raising RefSyntaxError with a message that says what to fix."""
+    if isinstance(raw, dict):
+        if set(raw) == {"const"}:
+            return Ref(root="const", value=raw["const"])
+        raise RefSyntaxError(
+            "a literal is written {const: <value>} with no other keys; "
+            f"got keys {sorted(map(str, raw))}"
+        )
+    if not isinstance(raw, str):
+        raise RefSyntaxError(
+            f"{raw!r} is not a reference: write $args.<path>, $result.<path>, $key "
+            "or {const: <value>}"
+        )
+    text = raw.strip()
+    optional = text.endswith("?")
+    if optional:
+        text = text[:-1]
+    if text == "$key":
+        return Ref(root="key", optional=optional)
+    for root in ("args", "result"):
+        prefix = "$" + root
+        if text == prefix:
+            raise RefSyntaxError(f"{raw!r} names no field: write {prefix}.<field>")
+        if text.startswith(prefix + ".") or text.startswith(prefix + "["):
+            return Ref(root=root, path=_parse_path(raw, text[len(prefix):]), optional=optional)  # type: ignore[arg-type]
+    raise RefSyntaxError(
+        f"{raw!r} is not a reference: it must start with $args., $result. or be $key "
+        "(or a literal {const: <value>})"
+    )
+
+
+def _parse_path(raw: str, rest: str) -> tuple[Segment, ...]:
+    segments: list[Segment] = []
+    pos = 0
+    while pos < len(rest):
+        if rest[pos] == ".":
+            match = _NAME.match(rest, pos + 1)
+            if not match:
+                raise RefSyntaxError(
+                    f"{raw!r}: expected a field name after '.' at position {pos + 1} "
+                    "(names are letters, digits, _ and -; no wildcards or expressions)"
+                )
+            name = match.group(0)
+            segments.append(int(name) if name.isdigit() else name)
+            pos = match.end()
+        elif rest[pos] == "[":
+            match = _INDEX.match(rest, pos)
+            if not match:
+                raise RefSyntaxError(
+                    f"{raw!r}: an index is written [n] with a non-negative integer"
+                )
+            segments.append(int(match.group(1)))
+            pos = match.end()
+        else:
+            raise RefSyntaxError(
+                f"{raw!r}: unexpected {rest[pos]!r}; a path is dotted names with [n] indices"
+            )
+    return tuple(segments)
+
+
+def resolve(ref: Ref, args: Any, result: Any, key: str | None = None) -> Any | Missing:
+    """Return the referenced value, or Missing with the reason."""
+    if ref.root == "const":
+        return ref.value
+    if ref.root == "key":
+        return key if key is not None else Missing("no idempotency key was sent")
+    current = args if ref.root == "args" else result
+    walked = "$" + ref.root
+    for seg in ref.path:
+        if isinstance(seg, int) and isinstance(current, list):
+            if seg >= len(current):
+                return Missing(f"{walked} has {len(current)} items, no index {seg}")
+            current = current[seg]
+        elif isinstance(current, dict) and str(seg) in current:
+            current = current[str(seg)]
+        else:
+            return Missing(f"{walked} has no {seg!r}")
+        walked += f"[{seg}]" if isinstance(seg, int) else f".{seg}"
+    if current is None:
+        return Missing(f"{walked} is null")
+    return current
+
+
+def resolve_map(
+    mapping: dict[str, Any], args: Any, result: Any, key: str | None = None
+) -> tuple[dict[str, Any], list[str]]:
+    """Resolve an argument map. Optional missing values are dropped; each required missing
+    value adds a reason (a non-empty list means the follow-up call is unavailable)."""
+    out: dict[str, Any] = {}
+    missing: list[str] = []
+    for name, raw in mapping.items():
+        ref = parse_ref(raw)
+        value = resolve(ref, args, result, key)
+        if isinstance(value, Missing):
+            if not ref.optional:
+                missing.append(f"{name}: {value.reason}")
+        else:
+            out[name] = value
+    return out, missing

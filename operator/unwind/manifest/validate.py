@@ -1,0 +1,336 @@
+"""The validator: one pure function for one manifest and one for a set.
+
+Each rule is a small function named after what it enforces, yielding ``(field path,
+message)`` pairs; ``MANIFEST_RULES`` and ``SET_RULES`` are the ordered tables. The CLI, the
+admission webhook, the operator and the gateway all call ``validate_manifest`` and
+``validate_set`` and nothing else, so they cannot disagree.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any
+
+from pydantic import ValidationError
+
+from .issues import Issue, issues_from_validation_error
+from .model import TOOL_NAME_PATTERN, UNDOABLE, Effect, ToolManifest
+from .refs import RefSyntaxError, parse_ref
+
+Finding = tuple[str, str]
+Rule = Callable[[ToolManifest], Iterator[Finding]]
+
+_TOOL_NAME = re.compile(TOOL_NAME_PATTERN)
+_PLACEHOLDER = re.compile(r"\{\{\s*([^}]*?)\s*\}\}")
+_ARGS_PLACEHOLDER = re.compile(r"^args\.[A-Za-z0-9_\-]+(\.[A-Za-z0-9_\-]+)*$")
+_ROOT_WORDS = {"args": "$args", "result": "$result", "key": "$key", "const": "a {const: ...} literal"}
+
+
+def tool_name_is_well_formed(m: ToolManifest) -> Iterator[Finding]:
+    """Tool names are letters, digits and _ . : / -, 1 to 128 characters."""
+    if len(m.tool) > 128:
+        yield "tool", f"is {len(m.tool)} characters long; the limit is 128"
+    elif not _TOOL_NAME.match(m.tool):
+        yield "tool", (f"{m.tool!r} is not a valid tool name: use letters, digits and "
+                       "_ . : / - only")
+
+
+def permission_has_no_whitespace(m: ToolManifest) -> Iterator[Finding]:
+    if not m.permission or any(ch.isspace() for ch in m.permission):
+        yield "permission", (f"{m.permission!r} must be one non-empty word with no whitespace, "
+                             "such as payments:write")
+
+
+def compensation_matches_effect(m: ToolManifest) -> Iterator[Finding]:
+    """Reversible and compensable tools declare a compensation; other effects must not."""
+    if m.effect in UNDOABLE and m.compensation is None:
+        yield "compensation", (f"a {m.effect} tool must declare how it is undone: add "
+                               "compensation: {tool, argument_map}")
+    if m.effect not in UNDOABLE and m.compensation is not None:
+        yield "compensation", (f"a {m.effect} tool has nothing to undo: remove compensation, "
+                               "or change effect to reversible or compensable")
+
+
+def irreversible_needs_approval(m: ToolManifest) -> Iterator[Finding]:
+    if m.effect == Effect.irreversible and not m.approval.required:
+        yield "approval", ("an irreversible tool cannot set approval: never; remove the field "
+                           "(it defaults to always) or set an approval object")
+
+
+def no_self_reference(m: ToolManifest) -> Iterator[Finding]:
+    """A tool cannot compensate itself, require itself or replace itself."""
+    if m.compensation and m.compensation.tool == m.tool:
+        yield "compensation.tool", "a tool cannot compensate itself: name the undoing tool"
+    for i, req in enumerate(m.requires):
+        if req.tool == m.tool:
+            yield f"requires[{i}]", "a tool cannot require itself: remove this entry"
+    if m.replaced_by == m.tool:
+        yield "replaced_by", "a tool cannot be replaced by itself: name its successor"
+
+
+def requires_has_no_duplicates(m: ToolManifest) -> Iterator[Finding]:
+    seen: set[str] = set()
+    for i, req in enumerate(m.requires):
+        if req.tool in seen:
+            yield f"requires[{i}]", f"{req.tool!r} is listed twice: remove the duplicate"
+        seen.add(req.tool)
+
+
+def _reference_places(m: ToolManifest) -> Iterator[tuple[str, Any, frozenset[str], str]]:
+    """Every place that holds a reference, with the roots it may read and why."""
+    plain = frozenset({"args", "result", "const"})
+    c = m.compensation
+    if c:
+        for name, ref in c.argument_map.items():
+            yield f"compensation.argument_map.{name}", ref, plain, "an undo argument"
+        if c.verification:
+            for name, ref in c.verification.arguments.items():
+                yield (f"compensation.verification.arguments.{name}", ref, plain,
+                       "a verification argument")
+        if c.deadline and c.deadline.at is not None:
+            yield "compensation.deadline.at", c.deadline.at, frozenset({"result"}), "deadline.at"
+    if m.audit:
+        for i, ref in enumerate(m.audit.redaction):
+            yield f"audit.redaction[{i}]", ref, frozenset({"args", "result"}), "a redaction path"
+    if m.lookup:
+        if m.lookup.by == "idempotency_key":
+            roots = frozenset({"args", "key", "const"}) if m.idempotency else frozenset({"args", "const"})
+            why = ("a lookup by idempotency key" if m.idempotency else
+                   "a lookup on a tool without an idempotency declaration")
+        else:
+            roots, why = frozenset({"args", "result", "const"}), "a lookup by id"
+        for name, ref in m.lookup.arguments.items():
+            yield f"lookup.arguments.{name}", ref, roots, why
+    if m.draft:
+        for name, ref in m.draft.arguments.items():
+            yield f"draft.arguments.{name}", ref, frozenset({"args", "const"}), "a draft argument"
+        for name, ref in m.draft.handle.items():
+            yield f"draft.handle.{name}", ref, plain, "a draft handle"
+
+
+def references_parse_and_read_allowed_roots(m: ToolManifest) -> Iterator[Finding]:
+    """Every reference parses and reads only the roots its place allows."""
+    for path, raw, roots, why in _reference_places(m):
+        try:
+            ref = parse_ref(raw)
+        except RefSyntaxError as exc:
+            yield path, str(exc)
+            continue
+        if ref.root not in roots:
+            allowed = ", ".join(_ROOT_WORDS[r] for r in sorted(roots))
+            yield path, (f"{why} cannot read {_ROOT_WORDS[ref.root]}; it may read {allowed}")
+
+
+def inverse_has_no_residue(m: ToolManifest) -> Iterator[Finding]:
+    c = m.compensation
+    if c and c.kind == "inverse" and c.residue:
+        yield "compensation.residue", ("an inverse restores the exact prior state and cannot "
+                                       "leave residue: remove residue or set kind: compensation")
+
+
+def deadline_bounds_an_inverse(m: ToolManifest) -> Iterator[Finding]:
+    """A deadline has exactly one form and only bounds an exact inverse of a reversible tool."""
+    c = m.compensation
+    if not c or not c.deadline:
+        return
+    forms = [f for f in ("within_ms", "at") if getattr(c.deadline, f) is not None]
+    if len(forms) != 1:
+        yield "compensation.deadline", ("give exactly one of within_ms or at "
+                                        f"(found {len(forms)})")
+    if c.kind != "inverse" or m.effect != Effect.reversible:
+        yield "compensation.deadline", ("a deadline says until when an exact inverse is "
+                                        "possible: use it only on a reversible tool whose "
+                                        "compensation has kind: inverse")
+
+
+def retry_only_when_safe(m: ToolManifest) -> Iterator[Finding]:
+    if m.retry is not None and m.effect not in (Effect.read_only, Effect.idempotent):
+        yield "retry", (f"retrying a {m.effect} tool could repeat its effect: remove retry, "
+                        "or declare the tool idempotent if repeating it is safe")
+
+
+def verification_expects_something(m: ToolManifest) -> Iterator[Finding]:
+    v = m.compensation.verification if m.compensation else None
+    if v is not None and not v.expect:
+        yield "compensation.verification.expect", ("is empty: add at least one "
+                                                   "path: expected value")
+
+
+def approval_rules_are_consistent(m: ToolManifest) -> Iterator[Finding]:
+    a = m.approval
+    if not 1 <= a.quorum <= 10:
+        yield "approval.quorum", f"must be between 1 and 10 (got {a.quorum})"
+    elif a.quorum > 1 and not a.roles:
+        yield "approval.quorum", (f"a quorum of {a.quorum} needs roles: list the groups "
+                                  "whose members may approve")
+    if a.on_timeout == "escalate" and not a.escalate_to:
+        yield "approval.escalate_to", "on_timeout: escalate needs escalate_to: list the groups"
+
+
+def idempotency_key_uses_arguments(m: ToolManifest) -> Iterator[Finding]:
+    if m.idempotency is None:
+        return
+    names = _PLACEHOLDER.findall(m.idempotency.key)
+    for name in names:
+        if not _ARGS_PLACEHOLDER.match(name):
+            yield "idempotency.key", (f"placeholder {{{{{name}}}}} is not a call argument: "
+                                      "write {{args.<field>}}")
+    if not any(_ARGS_PLACEHOLDER.match(n) for n in names):
+        yield "idempotency.key", ("the key template needs at least one {{args.<field>}} so "
+                                  "different calls get different keys")
+
+
+def lookup_by_key_needs_idempotency(m: ToolManifest) -> Iterator[Finding]:
+    if m.lookup and m.lookup.by == "idempotency_key" and m.idempotency is None:
+        yield "lookup.by", ("a lookup by idempotency_key needs an idempotency declaration: add "
+                            "idempotency: {key: ...} or look up by id")
+
+
+def replaced_by_only_when_deprecated(m: ToolManifest) -> Iterator[Finding]:
+    if m.replaced_by and m.lifecycle != "deprecated":
+        yield "replaced_by", ("only a deprecated tool names a replacement: set lifecycle: "
+                              "deprecated or remove replaced_by")
+
+
+def upstream_has_one_target(m: ToolManifest) -> Iterator[Finding]:
+    u = m.upstream
+    if u is None:
+        return
+    if (u.url is None) == (u.mcp is None):
+        yield "upstream", "give exactly one of url or mcp"
+    if u.url is not None and not u.url.startswith(("http://", "https://")):
+        yield "upstream.url", f"{u.url!r} must be an http:// or https:// URL"
+
+
+MANIFEST_RULES: tuple[Rule, ...] = (
+    tool_name_is_well_formed,
+    permission_has_no_whitespace,
+    compensation_matches_effect,
+    irreversible_needs_approval,
+    no_self_reference,
+    requires_has_no_duplicates,
+    references_parse_and_read_allowed_roots,
+    inverse_has_no_residue,
+    deadline_bounds_an_inverse,
+    retry_only_when_safe,
+    verification_expects_something,
+    approval_rules_are_consistent,
+    idempotency_key_uses_arguments,
+    lookup_by_key_needs_idempotency,
+    replaced_by_only_when_deprecated,
+    upstream_has_one_target,
+)
+
+
+def validate_manifest(data: Any) -> tuple[ToolManifest | None, list[Issue]]:
+    """Parse and check one manifest. Returns the normalized model (None when it does not
+    parse) and every issue found."""
+    tool = data.get("tool") if isinstance(data, dict) else None
+    tool = tool if isinstance(tool, str) else None
+    if not isinstance(data, dict):
+        return None, [Issue(tool, "", f"a manifest must be a mapping, got {type(data).__name__}")]
+    try:
+        manifest = ToolManifest.model_validate(data)
+    except ValidationError as exc:
+        return None, issues_from_validation_error(exc, data, tool, ToolManifest)
+    issues = [Issue(manifest.tool, path, msg) for rule in MANIFEST_RULES for path, msg in rule(manifest)]
+    return manifest, issues
+
+
+# ---- set level -------------------------------------------------------------------------
+
+def tool_references(m: ToolManifest) -> Iterator[tuple[str, str]]:
+    """(field path, tool name) for every place a manifest names another tool."""
+    if m.compensation:
+        yield "compensation.tool", m.compensation.tool
+        if m.compensation.verification:
+            yield "compensation.verification.tool", m.compensation.verification.tool
+    for i, req in enumerate(m.requires):
+        yield f"requires[{i}]", req.tool
+    if m.replaced_by:
+        yield "replaced_by", m.replaced_by
+    if m.lookup:
+        yield "lookup.tool", m.lookup.tool
+    if m.draft:
+        yield "draft.tool", m.draft.tool
+        yield "draft.promote", m.draft.promote
+        if m.draft.discard:
+            yield "draft.discard", m.draft.discard
+
+
+SetRule = Callable[[Sequence[ToolManifest], dict[str, ToolManifest]], Iterator[Issue]]
+
+
+def no_duplicate_tools(ms: Sequence[ToolManifest], _: dict[str, ToolManifest]) -> Iterator[Issue]:
+    seen: set[str] = set()
+    for m in ms:
+        if m.tool in seen:
+            yield Issue(m.tool, "tool", f"{m.tool!r} is declared more than once: keep one manifest per tool")
+        seen.add(m.tool)
+
+
+def referenced_tools_exist(ms: Sequence[ToolManifest], by: dict[str, ToolManifest]) -> Iterator[Issue]:
+    for m in ms:
+        for path, name in tool_references(m):
+            if name not in by and name != m.tool:
+                yield Issue(m.tool, path, f"names {name!r}, which has no manifest: add one or fix the name")
+
+
+def read_backs_are_read_only(ms: Sequence[ToolManifest], by: dict[str, ToolManifest]) -> Iterator[Issue]:
+    """Verification and lookup tools only read: a read-back must not change anything."""
+    for m in ms:
+        targets = []
+        if m.compensation and m.compensation.verification:
+            targets.append(("compensation.verification.tool", m.compensation.verification.tool))
+        if m.lookup:
+            targets.append(("lookup.tool", m.lookup.tool))
+        for path, name in targets:
+            other = by.get(name)
+            if other is not None and other.effect != Effect.read_only:
+                yield Issue(m.tool, path, f"{name!r} is {other.effect}; a read-back tool must be read_only")
+
+
+def find_requires_cycles(ms: Iterable[ToolManifest]) -> list[list[str]]:
+    """Each cycle in the requires graph, as the list of tools around it."""
+    graph = {m.tool: [r.tool for r in m.requires] for m in ms}
+    cycles: list[list[str]] = []
+    state: dict[str, int] = {}  # 1 = on the stack, 2 = done
+    stack: list[str] = []
+
+    def visit(node: str) -> None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in graph.get(node, ()):
+            if state.get(nxt) == 1:
+                cycles.append([*stack[stack.index(nxt):], nxt])
+            elif nxt in graph and nxt not in state:
+                visit(nxt)
+        stack.pop()
+        state[node] = 2
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node)
+    return cycles
+
+
+def requires_has_no_cycle(ms: Sequence[ToolManifest], _: dict[str, ToolManifest]) -> Iterator[Issue]:
+    for cycle in find_requires_cycles(ms):
+        if len(cycle) > 2:  # a self-requirement is reported by no_self_reference
+            yield Issue(cycle[0], "requires", "requires forms a cycle: " + " -> ".join(cycle)
+                        + "; break it by removing one of these requirements")
+
+
+SET_RULES: tuple[SetRule, ...] = (
+    no_duplicate_tools,
+    referenced_tools_exist,
+    read_backs_are_read_only,
+    requires_has_no_cycle,
+)
+
+
+def validate_set(manifests: Sequence[ToolManifest]) -> list[Issue]:
+    """Cross-manifest checks over one namespace, or over the files given to the CLI."""
+    by_name = {m.tool: m for m in manifests}
+    return [issue for rule in SET_RULES for issue in rule(manifests, by_name)]
