@@ -15,7 +15,15 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
 
 from .durations import parse_duration
 
@@ -26,22 +34,24 @@ def _duration(value: Any) -> Any:
     return None if value is None else parse_duration(value)
 
 
-Duration = Annotated[
-    int,
-    BeforeValidator(_duration),
-    Field(description="Milliseconds, or a string with a unit: 500ms, 30s, 15m, 2h, 1d."),
-]
-OptDuration = Annotated[
-    int | None,
-    BeforeValidator(_duration),
-    Field(description="Milliseconds, or a string with a unit: 500ms, 30s, 15m, 2h, 1d."),
-]
+_DURATION_SCHEMA = WithJsonSchema({
+    "anyOf": [{"type": "integer", "minimum": 0},
+              {"type": "string", "pattern": r"^\s*\d+\s*(ms|s|m|h|d)?\s*$"}],
+    "description": "Milliseconds, or a string with a unit: 500ms, 30s, 15m, 2h, 1d.",
+})
+Duration = Annotated[int, BeforeValidator(_duration), _DURATION_SCHEMA]
+OptDuration = Annotated[int | None, BeforeValidator(_duration), _DURATION_SCHEMA]
 # A reference is kept as written ($args.x, $result.y?, $key, {const: v}); validate.py parses
 # each one and reports the field path of any that does not parse.
 Reference = Annotated[
     Any,
-    Field(description="A reference: $args.<path>, $result.<path>, $key, or {const: <value>}. "
-          "A trailing ? makes it optional."),
+    WithJsonSchema({
+        "anyOf": [{"type": "string", "pattern": r"^\$(args|result|key)"},
+                  {"type": "object", "properties": {"const": {}}, "required": ["const"],
+                   "additionalProperties": False}],
+        "description": "A reference: $args.<path>, $result.<path>, $key, or {const: <value>}. "
+                       "A trailing ? makes it optional.",
+    }),
 ]
 
 
@@ -200,18 +210,30 @@ class ToolManifest(Strict):
     effect: Effect = Field(description="read_only, idempotent, reversible, compensable or irreversible.")
     permission: str = Field(description="Permission the caller's scope must contain. No whitespace.")
     description: str | None = None
-    approval: Annotated[Approval, BeforeValidator(_approval)] = Field(
+    approval: Annotated[
+        Approval,
+        BeforeValidator(_approval),
+        WithJsonSchema({"anyOf": [{"type": "string", "enum": ["never", "always"]},
+                                  Approval.model_json_schema()]}),
+    ] = Field(
         default_factory=lambda: Approval(required=False),
         description="never (default), always, or {roles, quorum, timeout, on_timeout, escalate_to}.",
     )
     compensation: Compensation | None = Field(None, description="Required for reversible and compensable tools; forbidden otherwise.")
-    requires: list[Annotated[RequiredTool, BeforeValidator(_requirement)]] = Field(
+    requires: list[Annotated[
+        RequiredTool,
+        BeforeValidator(_requirement),
+        WithJsonSchema({"anyOf": [{"type": "string"}, RequiredTool.model_json_schema()]}),
+    ]] = Field(
         default_factory=list, description="Tools that must have succeeded earlier in the run (a name or {tool, status})."
     )
     version: int = Field(1, ge=1, description="Positive integer; registries increment it on every publish.")
     lifecycle: Lifecycle = Field(Lifecycle.approved, description="draft, approved (default) or deprecated.")
     replaced_by: str | None = Field(None, description="For a deprecated tool, the tool to use instead.")
-    owner: list[str] = Field(default_factory=list, description="Who to ask when it misbehaves.")
+    owner: Annotated[
+        list[str],
+        WithJsonSchema({"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]}),
+    ] = Field(default_factory=list, description="Who to ask when it misbehaves: a name or a list.")
     oncall: str | None = None
     risk: Risk | None = None
     timeout_ms: OptDuration = Field(None, description="Longest the gateway waits for the upstream.")

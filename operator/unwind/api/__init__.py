@@ -1,0 +1,1 @@
+"""Resource models for ToolManifest, EffectLedger and Approval (no kopf, no client)."""

@@ -1,0 +1,118 @@
+"""The three Unwind resources: ToolManifest, EffectLedger and Approval.
+
+The CRDs in ``crds/`` are generated from these models (``unwind crds``). ToolManifest's
+spec is exactly the tool manifest model; its status is what the operator reports. The
+EffectLedger and Approval specs are minimal here and grow with the gateway and rollback.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from ..manifest.model import ToolManifest
+from .conditions import Condition
+
+
+class _Status(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class LintFinding(_Status):
+    code: str = Field(description="Lint code, e.g. L011.")
+    level: Literal["error", "warning", "info"]
+    message: str
+
+
+class LintSummary(_Status):
+    errors: int = 0
+    warnings: int = 0
+    notes: int = 0
+    findings: list[LintFinding] = Field(default_factory=list, description="At most 20 findings.")
+
+
+class ToolManifestStatus(_Status):
+    """What the operator made of the manifest."""
+
+    observedGeneration: int | None = Field(None, description="The metadata.generation last reconciled.")  # noqa: N815
+    version: int | None = Field(None, description="Registry version of the current spec (one per distinct checksum).")
+    checksum: str | None = Field(None, description="sha256 of the canonical normalized spec.")
+    lifecycle: Literal["draft", "approved", "deprecated"] | None = Field(None, description="Effective lifecycle.")
+    keyId: str | None = Field(None, description="Id of the key that signed the published version.")  # noqa: N815
+    publishedVersion: int | None = Field(None, description="Version currently in the namespace bundle; may lag an invalid edit.")  # noqa: N815
+    publishedChecksum: str | None = Field(None, description="Checksum of the version in the bundle.")  # noqa: N815
+    lint: LintSummary | None = None
+    conditions: list[Condition] = Field(default_factory=list, description="Valid, Approved, Signed, Published, Ready.")
+
+
+class LedgerSpec(_Status):
+    """One agent run's record of effects (filled in by the gateway)."""
+
+    run: str = Field(description="The run this ledger records (the X-Unwind-Run header).")
+    entries: list[dict[str, Any]] = Field(default_factory=list, description="Effect entries, oldest first.")
+
+
+class LedgerStatus(_Status):
+    observedGeneration: int | None = None  # noqa: N815
+    conditions: list[Condition] = Field(default_factory=list)
+
+
+class ApprovalTarget(_Status):
+    toolManifest: str | None = Field(None, description="Name of a ToolManifest to approve.")  # noqa: N815
+    checksum: str | None = Field(None, description="The exact manifest version, by checksum.")
+    effectLedger: str | None = Field(None, description="Name of an EffectLedger.")  # noqa: N815
+    entry: str | None = Field(None, description="The ledger entry id.")
+
+
+class ApprovalSpec(_Status):
+    """A recorded decision. The approver's identity is stamped by the webhook, never typed."""
+
+    target: ApprovalTarget
+    decision: Literal["approve", "deny"]
+    reason: str | None = None
+
+
+class ApprovalStatus(_Status):
+    observedGeneration: int | None = None  # noqa: N815
+    conditions: list[Condition] = Field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Column:
+    name: str
+    json_path: str
+    type: str = "string"
+    priority: int = 0
+
+
+@dataclass(frozen=True)
+class Kind:
+    kind: str
+    plural: str
+    short_names: tuple[str, ...]
+    spec: type[BaseModel]
+    status: type[BaseModel]
+    description: str
+    columns: tuple[Column, ...] = field(default_factory=tuple)
+    open_spec: bool = False  # keep unknown spec fields so the webhook can refuse typos
+
+
+READY = '.status.conditions[?(@.type=="Ready")].status'
+
+KINDS: tuple[Kind, ...] = (
+    Kind("ToolManifest", "toolmanifests", ("tm",), ToolManifest, ToolManifestStatus,
+         "A tool an AI agent may call: its effect, permission, approval and undo.",
+         (Column("Tool", ".spec.tool"), Column("Effect", ".spec.effect"),
+          Column("Lifecycle", ".status.lifecycle"), Column("Version", ".status.version", "integer"),
+          Column("Ready", READY), Column("Age", ".metadata.creationTimestamp", "date")),
+         open_spec=True),
+    Kind("EffectLedger", "effectledgers", ("ledger",), LedgerSpec, LedgerStatus,
+         "The record of one agent run's effects, written before and after each call.",
+         (Column("Run", ".spec.run"), Column("Ready", READY),
+          Column("Age", ".metadata.creationTimestamp", "date"))),
+    Kind("Approval", "approvals", (), ApprovalSpec, ApprovalStatus,
+         "A recorded approve or deny decision on a manifest version or a ledger entry.",
+         (Column("Decision", ".spec.decision"), Column("Age", ".metadata.creationTimestamp", "date"))),
+)

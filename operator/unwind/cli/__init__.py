@@ -1,0 +1,1 @@
+"""The `unwind` command (also installed as `kubectl-unwind`)."""

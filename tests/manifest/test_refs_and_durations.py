@@ -1,0 +1,76 @@
+"""The reference grammar and durations."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from unwind.manifest.durations import parse_duration
+from unwind.manifest.refs import Missing, Ref, RefSyntaxError, parse_ref, resolve, resolve_map
+
+
+@pytest.mark.parametrize(("text", "ms"), [(1500, 1500), ("1500", 1500), ("500ms", 500), ("30s", 30_000),
+                                          ("15m", 900_000), ("2h", 7_200_000), ("1d", 86_400_000)])
+def test_durations_normalize_to_milliseconds(text: object, ms: int) -> None:
+    assert parse_duration(text) == ms
+
+
+@pytest.mark.parametrize("bad", ["30 sec", "1w", -5, True, "", "1.5s", None])
+def test_malformed_durations_say_how_to_write_one(bad: object) -> None:
+    with pytest.raises(ValueError):
+        parse_duration(bad)
+
+
+def test_paths_take_dotted_names_and_both_index_forms() -> None:
+    assert parse_ref("$result.items[0].id") == Ref("result", ("items", 0, "id"))
+    assert parse_ref("$result.items.0.id") == Ref("result", ("items", 0, "id"))
+    assert parse_ref("$args.note?") == Ref("args", ("note",), optional=True)
+    assert parse_ref("$key") == Ref("key")
+    assert parse_ref({"const": 5}) == Ref("const", value=5)
+
+
+@pytest.mark.parametrize("bad", ["$args", "$args.", "$args.a..b", "$args.a[x]", "$args.*",
+                                 "$result.a[?(@.x)]", "args.a", "$env.HOME", 5,
+                                 {"const": 1, "x": 2}, "$args.a + 1"])
+def test_anything_but_the_grammar_is_refused(bad: object) -> None:
+    with pytest.raises(RefSyntaxError):
+        parse_ref(bad)
+
+
+def test_resolution_walks_objects_and_lists() -> None:
+    result = {"items": [{"id": "x"}]}
+    assert resolve(parse_ref("$result.items[0].id"), {}, result) == "x"
+    missing = resolve(parse_ref("$result.items[3].id"), {}, result)
+    assert isinstance(missing, Missing) and "no index 3" in missing.reason
+
+
+def test_an_optional_missing_value_is_dropped_and_a_required_one_is_reported() -> None:
+    values, missing = resolve_map({"a": "$args.a", "b": "$args.b?", "c": "$result.c"},
+                                  {"a": 1}, {})
+    assert values == {"a": 1}
+    assert missing == ["c: $result has no 'c'"]
+
+
+def test_the_key_resolves_only_when_sent() -> None:
+    assert resolve(parse_ref("$key"), {}, {}, key="k1") == "k1"
+    assert isinstance(resolve(parse_ref("$key"), {}, {}), Missing)
+
+
+names = st.from_regex(r"[A-Za-z_][A-Za-z0-9_]{0,8}", fullmatch=True)
+
+
+@given(st.sampled_from(["args", "result"]), st.lists(st.one_of(names, st.integers(0, 99)),
+                                                     min_size=1, max_size=5), st.booleans())
+def test_a_parsed_reference_prints_back_to_an_equal_reference(root: str, path: list[object],
+                                                              optional: bool) -> None:
+    ref = Ref(root, tuple(path), optional)  # type: ignore[arg-type]
+    assert parse_ref(ref.text()) == ref
+
+
+@given(st.text(max_size=30))
+def test_no_string_crashes_the_parser(text: str) -> None:
+    try:
+        parse_ref(text)
+    except RefSyntaxError:
+        pass

@@ -1,0 +1,269 @@
+"""Every validator rule, each fed a manifest that breaks exactly that rule."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+
+from unwind.manifest.validate import MANIFEST_RULES, SET_RULES, validate_manifest, validate_set
+
+BASE: dict[str, Any] = {
+    "tool": "shop.create_order",
+    "effect": "compensable",
+    "permission": "shop:write",
+    "idempotency": {"key": "order-{{args.order_id}}"},
+    "compensation": {
+        "tool": "shop.cancel_order",
+        "argument_map": {"order_id": "$result.id", "reason": {"const": "rollback"}},
+        "verification": {"tool": "shop.get_order", "arguments": {"order_id": "$result.id"},
+                         "expect": {"state": "cancelled"}},
+    },
+}
+READ = {"tool": "shop.get_order", "effect": "read_only", "permission": "shop:read"}
+CANCEL = {"tool": "shop.cancel_order", "effect": "idempotent", "permission": "shop:write"}
+
+
+def with_(**changes: Any) -> dict[str, Any]:
+    """BASE with dotted-path changes; a value of DELETE removes the field."""
+    data = copy.deepcopy(BASE)
+    for dotted, value in changes.items():
+        *parents, last = dotted.split("__")
+        node = data
+        for p in parents:
+            node = node.setdefault(p, {})
+        if value is DELETE:
+            node.pop(last, None)
+        else:
+            node[last] = value
+    return data
+
+
+DELETE = object()
+
+
+def issues_of(data: dict[str, Any]) -> list[tuple[str, str]]:
+    manifest, issues = validate_manifest(data)
+    return [(i.path, i.message) for i in issues]
+
+
+def test_the_base_manifest_is_valid() -> None:
+    assert issues_of(BASE) == []
+
+
+CASES = [
+    ("tool names longer than 128 characters are refused", with_(tool="a" * 129),
+     "tool", "is 129 characters long; the limit is 128"),
+    ("tool names with spaces are refused", with_(tool="create order"),
+     "tool", "is not a valid tool name"),
+    ("a permission with whitespace is refused", with_(permission="shop write"),
+     "permission", "no whitespace"),
+    ("a compensable tool without a compensation is refused", with_(compensation=DELETE),
+     "compensation", "must declare how it is undone"),
+    ("a read-only tool with a compensation is refused", with_(effect="read_only"),
+     "compensation", "has nothing to undo"),
+    ("an irreversible tool cannot set approval never",
+     with_(effect="irreversible", compensation=DELETE, approval="never"),
+     "approval", "cannot set approval: never"),
+    ("a tool cannot compensate itself", with_(compensation__tool="shop.create_order"),
+     "compensation.tool", "cannot compensate itself"),
+    ("a tool cannot require itself", with_(requires=["shop.create_order"]),
+     "requires[0]", "cannot require itself"),
+    ("requires has no duplicates", with_(requires=["shop.get_order", {"tool": "shop.get_order"}]),
+     "requires[1]", "is listed twice"),
+    ("an argument_map entry must be a reference",
+     with_(compensation__argument_map={"order_id": "result.id"}),
+     "compensation.argument_map.order_id", "is not a reference"),
+    ("a verification argument must be a reference",
+     with_(compensation__verification__arguments={"order_id": "$result.id[x]"}),
+     "compensation.verification.arguments.order_id", "an index is written [n]"),
+    ("a redaction entry must be a reference", with_(audit={"redaction": ["card_token"]}),
+     "audit.redaction[0]", "is not a reference"),
+    ("an undo argument cannot read the idempotency key",
+     with_(compensation__argument_map={"k": "$key"}),
+     "compensation.argument_map.k", "an undo argument cannot read $key"),
+    ("an inverse cannot list residue",
+     with_(effect="reversible", compensation__kind="inverse", compensation__residue=["a trace"]),
+     "compensation.residue", "cannot leave residue"),
+    ("a deadline has exactly one form",
+     with_(effect="reversible", compensation__kind="inverse",
+           compensation__deadline={"within_ms": "1h", "at": "$result.expires_at"}),
+     "compensation.deadline", "give exactly one of within_ms or at"),
+    ("a deadline only bounds an inverse of a reversible tool",
+     with_(compensation__deadline={"within_ms": "1h"}),
+     "compensation.deadline", "only on a reversible tool"),
+    ("a deadline at reads the result",
+     with_(effect="reversible", compensation__kind="inverse",
+           compensation__deadline={"at": "$args.expires_at"}),
+     "compensation.deadline.at", "deadline.at cannot read $args"),
+    ("retry is refused on a compensable tool", with_(retry={"attempts": 2}),
+     "retry", "could repeat its effect"),
+    ("verification.expect cannot be empty", with_(compensation__verification__expect={}),
+     "compensation.verification.expect", "is empty"),
+    ("a quorum above 10 is refused", with_(approval={"roles": ["a"], "quorum": 11}),
+     "approval.quorum", "between 1 and 10"),
+    ("a quorum above 1 needs roles", with_(approval={"quorum": 2}),
+     "approval.quorum", "needs roles"),
+    ("escalation needs someone to escalate to", with_(approval={"on_timeout": "escalate"}),
+     "approval.escalate_to", "needs escalate_to"),
+    ("an idempotency key template needs an argument", with_(idempotency={"key": "order"}),
+     "idempotency.key", "at least one {{args.<field>}}"),
+    ("an idempotency key placeholder must name an argument",
+     with_(idempotency={"key": "order-{{args.id}}-{{result.id}}"}),
+     "idempotency.key", "placeholder {{result.id}} is not a call argument"),
+    ("a lookup by idempotency key needs an idempotency declaration",
+     with_(idempotency=DELETE, lookup={"tool": "shop.get_order", "by": "idempotency_key",
+                                       "arguments": {"id": "$args.order_id"}}),
+     "lookup.by", "needs an idempotency declaration"),
+    ("only a lookup by key may read the key",
+     with_(lookup={"tool": "shop.get_order", "by": "id", "arguments": {"k": "$key"}}),
+     "lookup.arguments.k", "a lookup by id cannot read $key"),
+    ("a lookup by key cannot read the result it replaces",
+     with_(lookup={"tool": "shop.get_order", "by": "idempotency_key",
+                   "arguments": {"id": "$result.id"}}),
+     "lookup.arguments.id", "a lookup by idempotency key cannot read $result"),
+    ("a draft reads only the call's arguments",
+     with_(draft={"tool": "shop.create_order", "arguments": {"id": "$result.id"},
+                  "promote": "shop.get_order"}),
+     "draft.arguments.id", "a draft argument cannot read $result"),
+    ("replaced_by is only for a deprecated tool", with_(replaced_by="shop.get_order"),
+     "replaced_by", "only a deprecated tool names a replacement"),
+    ("an upstream names exactly one target", with_(upstream={"method": "POST"}),
+     "upstream", "give exactly one of url or mcp"),
+    ("an unknown field is refused with a suggestion", with_(permision="x"),
+     "permision", "unknown field 'permision' (did you mean 'permission'?)"),
+    ("an unknown nested field is refused", with_(compensation__argumnt_map={}),
+     "compensation.argumnt_map", "unknown field 'argumnt_map'"),
+    ("a missing required field is named", with_(permission=DELETE),
+     "permission", "is required"),
+    ("a malformed duration is refused", with_(timeout_ms="30 seconds"),
+     "timeout_ms", "is not a duration"),
+    ("an unknown effect is refused", with_(effect="maybe"),
+     "effect", "input should be 'read_only'"),
+    ("verification retries stay between 1 and 10",
+     with_(compensation__verification__retries=11),
+     "compensation.verification.retries", "less than or equal to 10"),
+]
+
+
+@pytest.mark.parametrize(("data", "path", "message"), [c[1:] for c in CASES],
+                         ids=[c[0] for c in CASES])
+def test_a_manifest_breaking_one_rule_gets_exactly_that_error(
+    data: dict[str, Any], path: str, message: str
+) -> None:
+    found = issues_of(data)
+    assert len(found) == 1, found
+    assert found[0][0] == path
+    assert message in found[0][1]
+
+
+def test_every_manifest_rule_has_a_case() -> None:
+    # A new rule must come with a case above; its docstring-free name is matched loosely by
+    # checking that each rule fires for at least one case.
+    fired = set()
+    for _, data, _, _ in CASES:
+        manifest, _ = validate_manifest(data)
+        if manifest is None:
+            continue
+        for rule in MANIFEST_RULES:
+            if list(rule(manifest)):
+                fired.add(rule.__name__)
+    assert fired == {r.__name__ for r in MANIFEST_RULES}
+
+
+def parsed(*datas: dict[str, Any]) -> list[Any]:
+    out = []
+    for d in datas:
+        m, issues = validate_manifest(d)
+        assert m is not None and not issues, issues
+        out.append(m)
+    return out
+
+
+def test_a_complete_set_is_valid() -> None:
+    assert validate_set(parsed(BASE, READ, CANCEL)) == []
+
+
+def test_a_missing_compensation_tool_is_named() -> None:
+    issues = validate_set(parsed(BASE, READ))
+    assert [(i.tool, i.path) for i in issues] == [("shop.create_order", "compensation.tool")]
+    assert "'shop.cancel_order', which has no manifest" in issues[0].message
+
+
+def test_every_reference_place_must_exist() -> None:
+    data = with_(requires=["a.required"], lookup={"tool": "a.lookup", "by": "idempotency_key",
+                                                  "arguments": {"k": "$key"}},
+                 draft={"tool": "a.draft", "promote": "a.promote", "discard": "a.discard"})
+    paths = [i.path for i in validate_set(parsed(data, READ, CANCEL))]
+    assert paths == ["requires[0]", "lookup.tool", "draft.tool", "draft.promote", "draft.discard"]
+
+
+def test_replaced_by_must_exist() -> None:
+    data = {**READ, "tool": "old.read", "lifecycle": "deprecated", "replaced_by": "new.read"}
+    issues = validate_set(parsed(data))
+    assert [(i.path, "'new.read'" in i.message) for i in issues] == [("replaced_by", True)]
+
+
+def test_a_verification_tool_must_be_read_only() -> None:
+    cancel_as_check = with_(compensation__verification__tool="shop.cancel_order")
+    issues = validate_set(parsed(cancel_as_check, READ, CANCEL))
+    assert [(i.path, i.message) for i in issues] == [
+        ("compensation.verification.tool", "'shop.cancel_order' is idempotent; a read-back tool must be read_only")]
+
+
+def test_a_lookup_tool_must_be_read_only() -> None:
+    data = with_(lookup={"tool": "shop.cancel_order", "by": "id", "arguments": {"id": "$args.order_id"}})
+    issues = validate_set(parsed(data, READ, CANCEL))
+    assert [i.path for i in issues] == ["lookup.tool"]
+
+
+def test_duplicate_tool_names_are_refused() -> None:
+    issues = validate_set(parsed(READ, READ))
+    assert [(i.tool, i.path) for i in issues] == [("shop.get_order", "tool")]
+    assert "declared more than once" in issues[0].message
+
+
+def test_a_requires_cycle_is_refused_with_its_path() -> None:
+    a = {**READ, "tool": "a", "requires": ["b"]}
+    b = {**READ, "tool": "b", "requires": ["c"]}
+    c = {**READ, "tool": "c", "requires": ["a"]}
+    issues = validate_set(parsed(a, b, c))
+    assert [(i.tool, i.path) for i in issues] == [("a", "requires")]
+    assert "a -> b -> c -> a" in issues[0].message
+
+
+def test_every_set_rule_is_exercised() -> None:
+    names = {r.__name__ for r in SET_RULES}
+    assert names == {"no_duplicate_tools", "referenced_tools_exist", "read_backs_are_read_only",
+                     "requires_has_no_cycle"}
+
+
+def test_defaults_are_filled_as_documented() -> None:
+    m = parsed({"tool": "t", "effect": "idempotent", "permission": "p", "retry": {},
+                "idempotency": {"key": "{{args.a}}"}})[0]
+    assert m.approval.required is False
+    assert m.version == 1 and m.lifecycle == "approved"
+    assert (m.retry.attempts, m.retry.base_ms, m.retry.max_ms) == (3, 200, 5000)
+    assert m.idempotency.scope == "run"
+    c = parsed(BASE)[0].compensation
+    assert c.kind == "compensation" and c.requires_approval is False
+    assert (c.verification.retries, c.verification.backoff_ms) == (3, 1000)
+
+
+def test_approval_forms_normalize_to_one_shape() -> None:
+    always = parsed({**READ, "approval": "always"})[0].approval
+    obj = parsed({**READ, "approval": {"roles": ["x"]}})[0].approval
+    never_obj = parsed({**READ, "approval": {"required": False}})[0].approval
+    assert always.required and obj.required and not never_obj.required
+    assert always.model_dump().keys() == obj.model_dump().keys()
+
+
+def test_irreversible_tools_are_forced_to_need_approval() -> None:
+    m = parsed({"tool": "mail.send", "effect": "irreversible", "permission": "mail:send"})[0]
+    assert m.approval.required is True
+
+
+def test_a_non_mapping_is_refused_with_a_sentence() -> None:
+    manifest, issues = validate_manifest(["not", "a", "mapping"])
+    assert manifest is None and "must be a mapping" in issues[0].message
