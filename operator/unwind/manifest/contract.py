@@ -1,0 +1,374 @@
+"""Contract tests: for a fake call and a fake answer, does a manifest give the undo
+arguments, verification and plan its author expects? Nothing outside the process is touched.
+
+A test file is YAML or JSON: a list of cases, or a mapping ``{tests: [...]}``; several
+documents may follow each other. Unknown fields in a case are errors, like in manifests.
+
+Decisions where tool-manifests.txt is silent (each case runs in its own simulated run):
+
+- Setup: the run first succeeds the ``after`` tools (default: the manifest's ``requires``).
+  They are assumed to succeed; each must have a manifest or the case fails.
+- Refusal is checked before the call, in this order: a draft manifest ("the manifest of X
+  is a draft"), a ``requires`` tool that has not succeeded in the run, an idempotency key
+  that cannot be rendered (keys.py's reason). ``expect_blocked`` passes when the reason
+  contains its text; a refusal without ``expect_blocked`` fails the case with the reason.
+  A case expecting a refusal cannot also expect a plan, handle, read-back or duplicate.
+- ``fail``: the call failed, so the plan is ``skip`` and there is no handle; a case with
+  ``fail`` and no expectations asserts exactly that (and passes). ``fail`` and ``result``
+  together are an error. Without ``fail`` the answer is ``result`` (default ``{}``).
+- Plan: read_only and idempotent → skip; irreversible → unrecoverable (nothing can undo
+  it); reversible and compensable → compensate when every required argument_map reference
+  resolves, else unrecoverable with the missing reasons. Only a compensate plan has a handle.
+- ``expect_handle`` and ``expect_verification`` equal the resolved arguments exactly;
+  ``verify_with`` is the read-back's answer and ``expect_verified`` (default true when
+  ``verify_with`` is given; not allowed without it) says whether every ``expect`` entry
+  must match. Deep equality tells a bool from a number, but not 1 from 1.0 (JSON does not).
+- ``expect_duplicate: true`` repeats the call with the same arguments: it must be refused as
+  a duplicate, which needs an idempotency key and a first call that still stands (a failed
+  first call frees its key). ``false`` or absent is not asserted.
+- Every failed expectation is reported, joined with "; ". Case names must be unique.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
+
+from .issues import Issue, issues_from_validation_error
+from .keys import KeyRenderError, render_key
+from .loader import Sourced, expand_paths, parse_documents
+from .model import Effect, Lifecycle, ToolManifest
+from .refs import RefSyntaxError, parse_ref, resolve_map
+
+Plan = Literal["compensate", "skip", "unrecoverable"]
+_EXPECTATIONS = ("expect_plan", "expect_handle", "expect_verification", "verify_with",
+                 "expect_verified", "expect_duplicate")
+
+
+class TestCase(BaseModel):
+    """One contract test case; ``file`` and ``line`` say where it was read."""
+
+    __test__: ClassVar[bool] = False  # not a pytest class
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    tool: str
+    args: dict[str, Any] = Field(default_factory=dict)
+    result: Any = None
+    fail: str | None = None
+    after: list[str] | None = None
+    expect_plan: Plan | None = None
+    expect_handle: dict[str, Any] | None = None
+    expect_verification: dict[str, Any] | None = None
+    verify_with: Any = None
+    expect_verified: bool | None = None
+    expect_duplicate: bool | None = None
+    expect_blocked: str | None = None
+    _file: str | None = PrivateAttr(None)
+    _line: int | None = PrivateAttr(None)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> TestCase:
+        if self.fail is not None and self.result is not None:
+            raise ValueError("a call either succeeds (result) or fails (fail): remove one")
+        if self.expect_verified is not None and self.verify_with is None:
+            raise ValueError("expect_verified needs verify_with: the answer the read-back gets")
+        if self.expect_blocked is not None:
+            others = [f for f in _EXPECTATIONS if getattr(self, f) is not None]
+            if others:
+                raise ValueError("a refused call has no plan, handle, read-back or duplicate: "
+                                 f"remove {', '.join(others)} or expect_blocked")
+        return self
+
+    def at(self, file: str | None, line: int | None) -> TestCase:
+        self._file, self._line = file, line
+        return self
+
+    @property
+    def file(self) -> str | None:
+        return self._file
+
+    @property
+    def line(self) -> int | None:
+        return self._line
+
+
+# ---- loading ----------------------------------------------------------------------------
+
+def load_cases_text(text: str, file: str | None = None) -> tuple[list[TestCase], list[Issue]]:
+    """Read the cases of one file's text; a syntax error is one issue with its line."""
+    cases: list[TestCase] = []
+    errors: list[Issue] = []
+    try:
+        docs = list(parse_documents(text, file))
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        return [], [Issue(None, "", f"YAML syntax error: {problem}", file=file,
+                          line=mark.line + 1 if mark is not None else None)]
+    for node, value in docs:
+        if value is None:
+            continue
+        where = Sourced(value, file, node)
+        items, items_node = value, node
+        if isinstance(value, dict):
+            extra = sorted(str(k) for k in value if k != "tests")
+            if "tests" not in value or extra:
+                errors.append(Issue(None, "", "a test file holds a list of cases or a mapping "
+                                    f"with only tests: [...]; found keys {extra or '[]'}",
+                                    file=file, line=where.line))
+                continue
+            items = value["tests"]
+            items_node = next(v for k, v in node.value if getattr(k, "value", None) == "tests")
+        if not isinstance(items, list):
+            errors.append(Issue(None, "", "expected a list of test cases", file=file,
+                                line=items_node.start_mark.line + 1))
+            continue
+        for item, item_node in zip(items, items_node.value, strict=True):
+            case, found = _load_case(Sourced(item, file, item_node))
+            cases.extend([case] if case else [])
+            errors.extend(found)
+    return cases, errors
+
+
+def _load_case(src: Sourced) -> tuple[TestCase | None, list[Issue]]:
+    if not isinstance(src.data, dict):
+        return None, [Issue(None, "", "a test case must be a mapping with name and tool",
+                            file=src.file, line=src.line)]
+    name = src.data.get("name")
+    label = f"case {name!r}: " if isinstance(name, str) else "case: "
+    try:
+        return TestCase.model_validate(src.data).at(src.file, src.line), []
+    except ValidationError as exc:
+        return None, [Issue(None, i.path, label + i.message, file=src.file, line=src.line_of(i.path))
+                      for i in issues_from_validation_error(exc, src.data, None, TestCase)]
+
+
+def load_cases(paths: Sequence[str | os.PathLike[str]]) -> tuple[list[TestCase], list[Issue]]:
+    """Every case in the files and folders given (*.yaml, *.yml, *.json), and every error."""
+    files, errors = expand_paths(paths)
+    cases: list[TestCase] = []
+    for path in files:
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            errors.append(Issue(None, "", f"cannot read the file: {exc}", file=str(path)))
+            continue
+        found, problems = load_cases_text(text, str(path))
+        cases.extend(found)
+        errors.extend(problems)
+    seen: dict[str, TestCase] = {}
+    for case in cases:
+        first = seen.setdefault(case.name, case)
+        if first is not case:
+            errors.append(Issue(None, "name", f"case {case.name!r} is also defined at "
+                                f"{first.file}:{first.line}: give each case its own name",
+                                file=case.file, line=case.line))
+    return cases, errors
+
+
+# ---- running ----------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class CaseResult:
+    name: str
+    ok: bool
+    message: str | None
+    file: str | None = None
+    line: int | None = None
+
+
+@dataclass
+class Report:
+    results: list[CaseResult] = field(default_factory=list)
+    not_covered: list[str] = field(default_factory=list)
+
+    @property
+    def passed(self) -> int:
+        return sum(r.ok for r in self.results)
+
+    @property
+    def failed(self) -> int:
+        return len(self.results) - self.passed
+
+    @property
+    def ok(self) -> bool:
+        return self.failed == 0
+
+
+def plan_call(m: ToolManifest, args: Any, result: Any,
+              key: str | None = None) -> tuple[Plan, dict[str, Any] | None, str | None]:
+    """(plan, undo arguments for a compensate plan, why there is nothing to undo)."""
+    if m.effect in (Effect.read_only, Effect.idempotent):
+        return "skip", None, f"{m.tool} is {m.effect}: a rollback skips it"
+    if m.effect == Effect.irreversible or m.compensation is None:
+        return "unrecoverable", None, f"{m.tool} is {m.effect}: nothing can undo it"
+    handle, missing = resolve_map(m.compensation.argument_map, args, result, key)
+    if missing:
+        return "unrecoverable", None, "the undo is unavailable: " + "; ".join(missing)
+    return "compensate", handle, None
+
+
+@dataclass
+class _Run:
+    """The simulated run: which tools succeeded and which idempotency keys still stand."""
+
+    succeeded: set[str] = field(default_factory=set)
+    standing: set[tuple[str, str]] = field(default_factory=set)
+
+    def refusal(self, m: ToolManifest, args: Mapping[str, Any]) -> tuple[str | None, str | None]:
+        """(why the call is refused or None, the rendered idempotency key)."""
+        if m.lifecycle == Lifecycle.draft:
+            return f"the manifest of {m.tool} is a draft: approve it before calling", None
+        missing = [r.tool for r in m.requires if r.tool not in self.succeeded]
+        if missing:
+            return (f"{m.tool} requires {', '.join(missing)} to have succeeded earlier in the "
+                    "run: call it first (or list it in after)"), None
+        try:
+            key = render_key(m.idempotency.key, args) if m.idempotency else None
+        except KeyRenderError as exc:
+            return exc.reason, None
+        if key is not None and (m.tool, key) in self.standing:
+            return (f"duplicate call: a call of {m.tool} with the idempotency key {key!r} "
+                    "still stands"), key
+        return None, key
+
+
+def run_case(case: TestCase, by_name: Mapping[str, ToolManifest]) -> CaseResult:
+    try:
+        problems = _check(case, by_name)
+    except RefSyntaxError as exc:
+        problems = [f"the manifest has a reference that does not parse: {exc}"]
+    return CaseResult(case.name, not problems, "; ".join(problems) or None, case.file, case.line)
+
+
+def _check(case: TestCase, by_name: Mapping[str, ToolManifest]) -> list[str]:
+    m = by_name.get(case.tool)
+    if m is None:
+        return [f"no manifest for tool {case.tool}"]
+    run = _Run()
+    for tool in case.after if case.after is not None else [r.tool for r in m.requires]:
+        if tool not in by_name:
+            return [f"after names {tool}, which has no manifest: it cannot run first"]
+        run.succeeded.add(tool)
+    reason, key = run.refusal(m, case.args)
+    if case.expect_blocked is not None:
+        if reason is None:
+            return [f"the call was not refused; expected a refusal containing "
+                    f"{case.expect_blocked!r}"]
+        if case.expect_blocked not in reason:
+            return [f"the call was refused for another reason: {reason} (expected one "
+                    f"containing {case.expect_blocked!r})"]
+        return []
+    if reason is not None:
+        return [f"the call was refused: {reason}"]
+    result = {} if case.result is None else case.result
+    if case.fail is None:
+        run.succeeded.add(m.tool)
+        if key is not None:
+            run.standing.add((m.tool, key))
+        plan, handle, why = plan_call(m, case.args, result, key)
+    else:
+        plan, handle, why = "skip", None, f"the call failed ({case.fail}): nothing to undo"
+    return list(_expectations(case, m, run, plan, handle, why, result, key))
+
+
+def _expectations(case: TestCase, m: ToolManifest, run: _Run, plan: Plan,
+                  handle: dict[str, Any] | None, why: str | None, result: Any,
+                  key: str | None) -> Iterator[str]:
+    """One sentence per expectation the simulated call does not meet."""
+    if case.expect_plan is not None and case.expect_plan != plan:
+        yield f"the plan is {plan}" + (f" ({why})" if why else "") + f", expected {case.expect_plan}"
+    if case.expect_handle is not None and handle is None:
+        yield f"there are no undo arguments ({why}), expected {_show(case.expect_handle)}"
+    elif case.expect_handle is not None and not same(handle, case.expect_handle):
+        yield f"the undo arguments are {_show(handle)}, expected {_show(case.expect_handle)}"
+    v = m.compensation.verification if m.compensation else None
+    if case.expect_verification is not None or case.verify_with is not None:
+        if case.fail is not None:
+            yield "the call failed, so nothing is undone or read back"
+            v = None
+        elif v is None:
+            yield f"{m.tool} declares no compensation.verification: there is no read-back to check"
+    if v is not None and case.expect_verification is not None:
+        got, missing = resolve_map(v.arguments, case.args, result, key)
+        if missing:
+            yield "the verification arguments are unavailable: " + "; ".join(missing)
+        elif not same(got, case.expect_verification):
+            yield (f"the verification arguments are {_show(got)}, expected "
+                   f"{_show(case.expect_verification)}")
+    if v is not None and case.verify_with is not None:
+        mismatch = first_mismatch(v.expect, case.verify_with)
+        if case.expect_verified is not False and mismatch is not None:
+            yield f"the read-back would be rejected: {mismatch}"
+        elif case.expect_verified is False and mismatch is None:
+            yield "the read-back would be accepted, but expect_verified is false"
+    if case.expect_duplicate and m.idempotency is None:
+        yield (f"{m.tool} declares no idempotency key, so a repeated call is not recognized "
+               "as a duplicate: add idempotency: {key: ...} or remove expect_duplicate")
+    elif case.expect_duplicate and run.refusal(m, case.args)[0] is None:
+        yield ("the same call a second time was not refused as a duplicate"
+               + (": the first call failed, so its key is free again" if case.fail else ""))
+
+
+def first_mismatch(expect: Mapping[str, Any], answer: Any) -> str | None:
+    """The first ``expect`` entry the answer does not match, as a sentence, or None."""
+    for path, want in expect.items():
+        current: Any = answer
+        for seg in parse_ref("$result." + path).path:
+            if isinstance(seg, int) and isinstance(current, list) and seg < len(current):
+                current = current[seg]
+            elif isinstance(current, dict) and str(seg) in current:
+                current = current[str(seg)]
+            else:
+                return f"the answer has no {path}, expected {_show(want)}"
+        if not same(current, want):
+            return f"{path} is {_show(current)}, expected {_show(want)}"
+    return None
+
+
+def same(a: Any, b: Any) -> bool:
+    """Deep JSON equality: a bool never equals a number, 1 equals 1.0."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return isinstance(a, bool) and isinstance(b, bool) and a == b
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, int | float) and isinstance(b, int | float):
+        return a == b
+    return type(a) is type(b) and bool(a == b)
+
+
+def _show(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, default=str)
+
+
+def run_cases(cases: Iterable[TestCase], manifests: Sequence[ToolManifest]) -> Report:
+    by_name = {m.tool: m for m in manifests}
+    cases = list(cases)
+    covered = {c.tool for c in cases}
+    return Report([run_case(c, by_name) for c in cases],
+                  sorted({m.tool for m in manifests} - covered))
+
+
+def report_json(report: Report) -> dict[str, Any]:
+    return {"passed": report.passed, "failed": report.failed,
+            "results": [{"name": r.name, "ok": r.ok, "message": r.message}
+                        for r in report.results],
+            "not_covered": list(report.not_covered)}
+
+
+def format_text(report: Report) -> str:
+    lines = [f"ok   {r.name}" if r.ok else f"FAIL {r.name}: {r.message}" for r in report.results]
+    if report.not_covered:
+        lines.append("not covered by any test: " + ", ".join(report.not_covered))
+    lines.append(f"{report.passed} passed" + (f", {report.failed} failed" if report.failed else ""))
+    return "\n".join(lines)

@@ -1,0 +1,100 @@
+"""Rendering a tool's idempotency key from its template and the call's arguments.
+
+``idempotency: {key: "charge-{{args.order_id}}"}`` names the call arguments that make two
+calls "the same call". The gateway renders the key before anything else happens and
+refuses the call when it cannot: a key rendered from a missing argument, or from a whole
+object or list, would be a guess, and a wrong guess either lets a real duplicate through
+(charging twice) or refuses a legitimate call forever. So:
+
+- every ``{{...}}`` must be ``{{args.<path>}}`` (dotted names, ``.n`` for a list index);
+- the value must be present, not null, and plain: a string, a number or a bool;
+- a string is inserted as is, a bool as ``true``/``false`` and a number as its JSON text,
+  so equal arguments always give the same key and distinct values of one type give
+  distinct keys (the string ``"1"`` and the number ``1`` give the same key on purpose:
+  they name the same order to a person, and refusing a look-alike is the safe side);
+- non-finite numbers (NaN, infinity) are refused: NaN is not even equal to itself.
+
+The template author chooses the separators: ``{{args.a}}-{{args.b}}`` renders ``x-y`` + ``z``
+and ``x`` + ``y-z`` alike, which errs on the side of refusing a call as a duplicate.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from .refs import Missing, RefSyntaxError, parse_ref, resolve
+
+PLACEHOLDER = re.compile(r"\{\{\s*([^}]*?)\s*\}\}")
+
+
+class KeyRenderError(ValueError):
+    """The key cannot be rendered; ``reason`` says why, and the call is refused for it."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+def placeholders(template: str) -> list[str]:
+    """The text inside each ``{{...}}`` of a key template, in order."""
+    return [str(name) for name in PLACEHOLDER.findall(template)]
+
+
+def plain_text(value: Any) -> str | None:
+    """The key text of a plain value, or None when the value is not plain."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return value
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        return json.dumps(value) if math.isfinite(value) else None
+    return None
+
+
+def render_key(template: str, args: Mapping[str, Any]) -> str:
+    """Render ``template`` over the call's ``args``, or raise KeyRenderError."""
+    if not any(name.startswith("args.") for name in placeholders(template)):
+        raise KeyRenderError(
+            f"the idempotency key template {template!r} names no {{{{args.<field>}}}}, so "
+            "every call would get the same key: add the arguments that identify a call")
+    values = dict(args)
+
+    def one(match: re.Match[str]) -> str:
+        name = match.group(1)
+        try:
+            ref = parse_ref("$" + name) if name.startswith("args.") else None
+        except RefSyntaxError:
+            ref = None
+        if ref is None or ref.optional:
+            raise KeyRenderError(
+                f"the idempotency key placeholder {{{{{name}}}}} is not a call argument: "
+                "write {{args.<field>}}")
+        value = resolve(ref, values, None)
+        if isinstance(value, Missing):
+            raise KeyRenderError(
+                f"the idempotency key needs {{{{{name}}}}} but {value.reason}: the call is "
+                "refused rather than keyed on a guess; send the argument")
+        text = plain_text(value)
+        if text is None:
+            raise KeyRenderError(
+                f"the idempotency key needs {{{{{name}}}}} to be a string, number or bool, "
+                f"but it is {_kind(value)}: the call is refused rather than keyed on a guess")
+        return text
+
+    return PLACEHOLDER.sub(one, template)
+
+
+def _kind(value: Any) -> str:
+    if isinstance(value, Mapping):
+        return "an object"
+    if isinstance(value, list | tuple):
+        return "a list"
+    if isinstance(value, float):
+        return f"the non-finite number {value}"
+    return f"a {type(value).__name__}"

@@ -1,0 +1,348 @@
+"""Lint: manifests that are valid but unsafe, incomplete or contradictory.
+
+The validator refuses what cannot work; lint points at what works but will hurt someone
+later (nobody to page, an undo nobody reads back, an argument the real tool does not take).
+Each L-code of tool-manifests.txt is one small function in ``RULES``, an ordered table that
+also fixes the code's level, so a level is stated once and a code cannot be reported at two.
+
+"Mutating" means every effect except read_only (idempotent tools change things too, they
+are just safe to repeat). Rules that compare against the real tools' input schemas
+(L017, L020, L027, L033, L034, L035) run only when ``upstream_schemas`` is given; a schema
+without a ``properties`` mapping is opaque and its arguments are not judged. A manifest is
+matched to its upstream schema by ``upstream.mcp.tool`` when set, else by its tool name.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from .canonical import canonical_json
+from .keys import placeholders
+from .model import Effect, Lifecycle, ToolManifest
+from .refs import RefSyntaxError, parse_ref
+from .validate import find_requires_cycles
+
+Level = Literal["error", "warning", "info"]
+
+
+@dataclass(frozen=True)
+class Finding:
+    code: str
+    level: Level
+    tool: str
+    message: str
+
+    def to_json(self) -> dict[str, str]:
+        return {"code": self.code, "level": self.level, "tool": self.tool, "message": self.message}
+
+    def __str__(self) -> str:
+        return f"{self.level:<7} {self.code}  {self.tool}: {self.message}"
+
+
+@dataclass(frozen=True)
+class Context:
+    manifests: Sequence[ToolManifest]
+    by_name: Mapping[str, ToolManifest]
+    upstream: Mapping[str, dict[str, Any]]  # empty when no upstream was given
+
+
+Check = Callable[[Context], Iterator[tuple[str, str]]]  # yields (tool, message)
+
+
+def schema_hash_of(schema: Mapping[str, Any]) -> str:
+    """``sha256:`` + the first 16 hex digits of the canonical JSON of an input schema."""
+    return "sha256:" + hashlib.sha256(canonical_json(schema)).hexdigest()[:16]
+
+
+def _mutating(ctx: Context) -> Iterator[ToolManifest]:
+    return (m for m in ctx.manifests if m.effect != Effect.read_only)
+
+
+def upstream_name(m: ToolManifest) -> str:
+    """The name the upstream knows the tool by: ``upstream.mcp.tool`` when the manifest
+    routes to an MCP server's tool, else the manifest's own name."""
+    return m.upstream.mcp.tool if m.upstream and m.upstream.mcp else m.tool
+
+
+def _schema_properties(ctx: Context, m: ToolManifest) -> Mapping[str, Any] | None:
+    """The input schema's properties, or None when unknown or opaque (nothing to judge)."""
+    props = ctx.upstream.get(upstream_name(m), {}).get("properties")
+    return props if isinstance(props, Mapping) else None
+
+
+def _arg_name(raw: Any) -> str | None:
+    """The first segment of an ``$args`` reference, or None for anything else."""
+    try:
+        ref = parse_ref(raw)
+    except RefSyntaxError:
+        return None
+    return str(ref.path[0]) if ref.root == "args" and ref.path else None
+
+
+def _missing_args(ctx: Context, m: ToolManifest,
+                  places: Iterator[tuple[str, Any]]) -> Iterator[tuple[str, str]]:
+    props = _schema_properties(ctx, m)
+    if props is None:
+        return
+    for where, raw in places:
+        name = _arg_name(raw)
+        if name is not None and name not in props:
+            known = ", ".join(sorted(map(str, props))) or "none"
+            yield where, f"{name!r} (the input schema of {m.tool} has: {known})"
+
+
+# ---- the codes --------------------------------------------------------------------------
+
+def l010_no_description(ctx: Context) -> Iterator[tuple[str, str]]:
+    for m in _mutating(ctx):
+        if not (m.description or "").strip():
+            yield m.tool, ("mutating tool has no description: reviewers cannot tell what it "
+                           "changes; add description: one sentence on the effect")
+
+
+def l011_no_owner(ctx: Context) -> Iterator[tuple[str, str]]:
+    for m in _mutating(ctx):
+        if not any(o.strip() for o in m.owner):
+            yield m.tool, ("mutating tool has no owner: nobody is named to ask when it "
+                           "misbehaves; add owner: [a team or person]")
+
+
+def l012_no_data_class(ctx: Context) -> Iterator[tuple[str, str]]:
+    # Mutating tools only, as in the documented example (a read-only tool without risk
+    # is not reported): what policy and retention weigh is what a call changes.
+    for m in _mutating(ctx):
+        if m.risk is None or not (m.risk.data_class or "").strip():
+            yield m.tool, ("no risk.data_class: policy and retention cannot treat sensitive "
+                           "data differently; add risk: {data_class: pii, financial, ...}")
+
+
+def l013_compensable_without_residue(ctx: Context) -> Iterator[tuple[str, str]]:
+    for m in ctx.manifests:
+        c = m.compensation
+        # An inverse cannot list residue; L031 reports that contradiction instead.
+        if m.effect == Effect.compensable and c and c.kind == "compensation" and not c.residue:
+            yield m.tool, ("compensable but no residue declared: a reviewer cannot see what a "
+                           "rollback leaves behind; list it in compensation.residue")
+
+
+def l014_compensation_not_idempotent(ctx: Context) -> Iterator[tuple[str, str]]:
+    # A read-only undo is as safe to retry as an idempotent one; an undo with no manifest
+    # is the validator's error, not lint's.
+    for m in ctx.manifests:
+        undo = ctx.by_name.get(m.compensation.tool) if m.compensation else None
+        if undo is not None and undo.effect not in (Effect.idempotent, Effect.read_only):
+            yield m.tool, (f"the compensation tool {undo.tool} is {undo.effect}, not idempotent, "
+                           "but rollback retries it and may repeat its effect; make it "
+                           "idempotent or use an idempotent undo")
+
+
+def l015_irreversible_unbounded(ctx: Context) -> Iterator[tuple[str, str]]:
+    for m in ctx.manifests:
+        if (m.effect == Effect.irreversible and not m.approval.roles
+                and (m.risk is None or m.risk.blast_radius is None)):
+            yield m.tool, ("irreversible with no blast_radius and no approvers: any approver "
+                           "may wave through an effect nothing can undo; set "
+                           "risk.blast_radius and approval.roles")
+
+
+def l016_undo_not_verified(ctx: Context) -> Iterator[tuple[str, str]]:
+    for m in ctx.manifests:
+        if m.compensation and m.compensation.verification is None:
+            yield m.tool, ("the undo is not verified: an API that answers ok and does "
+                           "nothing would count as undone; add compensation.verification")
+
+
+def l017_mapped_argument_not_in_schema(ctx: Context) -> Iterator[tuple[str, str]]:
+    for m in ctx.manifests:
+        c = m.compensation
+        if c is None:
+            continue
+        places = [(f"compensation.argument_map.{k}", v) for k, v in c.argument_map.items()]
+        if c.verification:
+            places += [(f"compensation.verification.arguments.{k}", v)
+                       for k, v in c.verification.arguments.items()]
+        for where, what in _missing_args(ctx, m, iter(places)):
+            yield m.tool, (f"{where} reads the argument {what}, so the undo would be built "
+                           "from a value the tool never receives; fix the reference")
+
+
+def l019_read_only_shares_permission(ctx: Context) -> Iterator[tuple[str, str]]:
+    for m in ctx.manifests:
+        if m.effect != Effect.read_only:
+            continue
+        writers = sorted(w.tool for w in _mutating(ctx) if w.permission == m.permission)
+        if writers:
+            yield m.tool, (f"read-only tool shares the permission {m.permission} with tools "
+                           f"that change things ({', '.join(writers)}): granting reads grants "
+                           "writes; give the read-only tool its own permission")
+
+
+def l020_key_argument_not_in_schema(ctx: Context) -> Iterator[tuple[str, str]]:
+    for m in ctx.manifests:
+        if m.idempotency is None:
+            continue
+        refs = iter([("idempotency.key", "$" + name) for name in placeholders(m.idempotency.key)
+                     if name.startswith("args.")])
+        for where, what in _missing_args(ctx, m, refs):
+            yield m.tool, (f"{where} uses the argument {what}, so every call would be refused "
+                           "as unkeyable; fix the key template")
+
+
+def l021_irreversible_without_evidence(ctx: Context) -> Iterator[tuple[str, str]]:
+    for m in ctx.manifests:
+        if m.effect == Effect.irreversible and (m.audit is None
+                                                or m.audit.evidence_export != "required"):
+            yield m.tool, ("irreversible without audit.evidence_export: required: the record "
+                           "of an effect nothing can undo may be left out of evidence exports; "
+                           "set audit: {evidence_export: required}")
+
+
+def l022_no_timeout(ctx: Context) -> Iterator[tuple[str, str]]:
+    for m in _mutating(ctx):
+        if m.timeout_ms is None:
+            yield m.tool, ("no timeout_ms: a hung call is only bounded by the gateway default; "
+                           "set timeout_ms to the longest the upstream may take")
+
+
+def l023_requires_cycle(ctx: Context) -> Iterator[tuple[str, str]]:
+    for cycle in find_requires_cycles(ctx.manifests):
+        yield cycle[0], ("requires forms a cycle (" + " -> ".join(cycle) + "): no run can "
+                         "satisfy it and rollback has no order; remove one requirement")
+
+
+def l024_draft(ctx: Context) -> Iterator[tuple[str, str]]:
+    for m in ctx.manifests:
+        if m.lifecycle == Lifecycle.draft:
+            yield m.tool, ("draft manifest: calls to this tool are refused until it is "
+                           "approved; approve it or set lifecycle: approved")
+
+
+def l027_no_schema_hash(ctx: Context) -> Iterator[tuple[str, str]]:
+    for m in ctx.manifests:
+        schema = ctx.upstream.get(upstream_name(m))
+        if schema is not None and not m.schema_hash:
+            yield m.tool, ("no schema_hash: a change of the upstream's input schema would go "
+                           f"unnoticed; set schema_hash: {schema_hash_of(schema)}")
+
+
+def l030_reversible_with_residue(ctx: Context) -> Iterator[tuple[str, str]]:
+    for m in ctx.manifests:
+        if m.effect == Effect.reversible and m.compensation and m.compensation.residue:
+            yield m.tool, ("declared reversible but the compensation lists residue: an undo "
+                           "that leaves a trace is compensable; set effect: compensable or "
+                           "remove the residue")
+
+
+def l031_compensable_but_inverse(ctx: Context) -> Iterator[tuple[str, str]]:
+    for m in ctx.manifests:
+        if m.effect == Effect.compensable and m.compensation and m.compensation.kind == "inverse":
+            yield m.tool, ("declared compensable but the compensation is an exact inverse: "
+                           "set effect: reversible, or kind: compensation if a trace remains")
+
+
+def l032_compensation_takes_nothing(ctx: Context) -> Iterator[tuple[str, str]]:
+    for m in ctx.manifests:
+        c = m.compensation
+        if c is None:
+            continue
+        roots: set[str] = set()
+        for raw in c.argument_map.values():
+            try:
+                roots.add(parse_ref(raw).root)
+            except RefSyntaxError:
+                roots.add("invalid")  # the validator reports it; do not pile on
+        if not roots & {"args", "result", "invalid"}:
+            yield m.tool, ("the compensation takes no arguments from the call: the undo cannot "
+                           "know which effect to undo; map $args or $result values in "
+                           "compensation.argument_map")
+
+
+def l033_redaction_not_in_schema(ctx: Context) -> Iterator[tuple[str, str]]:
+    for m in ctx.manifests:
+        if m.audit is None:
+            continue
+        refs = iter([(f"audit.redaction[{i}]", r) for i, r in enumerate(m.audit.redaction)])
+        for where, what in _missing_args(ctx, m, refs):
+            yield m.tool, (f"{where} names the argument {what}: the value it meant to keep out "
+                           "of the ledger may be stored under another name; fix the path")
+
+
+def l034_no_upstream_tool(ctx: Context) -> Iterator[tuple[str, str]]:
+    for m in ctx.manifests:
+        if upstream_name(m) not in ctx.upstream:
+            yield m.tool, (f"no upstream tool is named {upstream_name(m)}: calls cannot reach "
+                           "it; fix the tool name or remove the manifest")
+
+
+def l035_upstream_without_manifest(ctx: Context) -> Iterator[tuple[str, str]]:
+    declared = {upstream_name(m) for m in ctx.manifests}
+    for name in sorted(ctx.upstream):
+        if name not in declared:
+            yield name, ("the upstream offers this tool but no manifest declares it: agents "
+                         "cannot call it through the gateway; write a manifest for it")
+
+
+@dataclass(frozen=True)
+class Rule:
+    code: str
+    level: Level
+    check: Check
+    needs_upstream: bool = False
+
+
+RULES: tuple[Rule, ...] = (
+    Rule("L010", "warning", l010_no_description),
+    Rule("L011", "warning", l011_no_owner),
+    Rule("L012", "warning", l012_no_data_class),
+    Rule("L013", "warning", l013_compensable_without_residue),
+    Rule("L014", "warning", l014_compensation_not_idempotent),
+    Rule("L015", "warning", l015_irreversible_unbounded),
+    Rule("L016", "info", l016_undo_not_verified),
+    Rule("L017", "error", l017_mapped_argument_not_in_schema, needs_upstream=True),
+    Rule("L019", "warning", l019_read_only_shares_permission),
+    Rule("L020", "error", l020_key_argument_not_in_schema, needs_upstream=True),
+    Rule("L021", "info", l021_irreversible_without_evidence),
+    Rule("L022", "info", l022_no_timeout),
+    Rule("L023", "error", l023_requires_cycle),
+    Rule("L024", "warning", l024_draft),
+    Rule("L027", "info", l027_no_schema_hash, needs_upstream=True),
+    Rule("L030", "warning", l030_reversible_with_residue),
+    Rule("L031", "warning", l031_compensable_but_inverse),
+    Rule("L032", "info", l032_compensation_takes_nothing),
+    Rule("L033", "warning", l033_redaction_not_in_schema, needs_upstream=True),
+    Rule("L034", "warning", l034_no_upstream_tool, needs_upstream=True),
+    Rule("L035", "warning", l035_upstream_without_manifest, needs_upstream=True),
+)
+
+
+def lint(manifests: Sequence[ToolManifest],
+         upstream_schemas: Mapping[str, dict[str, Any]] | None = None) -> list[Finding]:
+    """Every finding, sorted stably by tool then code (rule order within one code)."""
+    ctx = Context(manifests, {m.tool: m for m in manifests}, upstream_schemas or {})
+    findings = [Finding(rule.code, rule.level, tool, message)
+                for rule in RULES if upstream_schemas is not None or not rule.needs_upstream
+                for tool, message in rule.check(ctx)]
+    return sorted(findings, key=lambda f: (f.tool, f.code))
+
+
+def counts(findings: Sequence[Finding]) -> tuple[int, int, int]:
+    """(errors, warnings, notes); info findings count as notes."""
+    levels = [f.level for f in findings]
+    return levels.count("error"), levels.count("warning"), levels.count("info")
+
+
+def lint_report_json(findings: Sequence[Finding]) -> dict[str, Any]:
+    errors, warnings, notes = counts(findings)
+    return {"findings": [f.to_json() for f in findings],
+            "errors": errors, "warnings": warnings, "notes": notes}
+
+
+def lint_report_text(findings: Sequence[Finding]) -> str:
+    """The CLI's listing: one line per finding, then the totals."""
+    errors, warnings, notes = counts(findings)
+    lines = [str(f) for f in findings]
+    lines.append(f"{errors} errors, {warnings} warnings, {notes} notes")
+    return "\n".join(lines)
