@@ -1,0 +1,76 @@
+{{/*
+Chart name, truncated to 63 characters (the DNS label limit).
+*/}}
+{{- define "unwind.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+Fully qualified name: fullnameOverride, else the release name when it already
+contains the chart name (release "unwind" gives "unwind"), else
+"<release>-<chart>".
+*/}}
+{{- define "unwind.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
+Chart name and version, for the helm.sh/chart label.
+*/}}
+{{- define "unwind.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+Labels every object carries.
+*/}}
+{{- define "unwind.labels" -}}
+helm.sh/chart: {{ include "unwind.chart" . }}
+{{ include "unwind.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Values.image.tag | default .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: unwind
+{{- end }}
+
+{{/*
+Labels that select the operator pod; they never change across upgrades.
+*/}}
+{{- define "unwind.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "unwind.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: operator
+{{- end }}
+
+{{/*
+Name of the operator's ServiceAccount.
+*/}}
+{{- define "unwind.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "unwind.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/*
+The operator image: repository:tag, the tag defaulting to the appVersion.
+*/}}
+{{- define "unwind.image" -}}
+{{- printf "%s:%s" .Values.image.repository (.Values.image.tag | default .Chart.AppVersion) }}
+{{- end }}
+
+{{/*
+Fixed object names the operator's code uses in its own namespace (see
+docs/chart.md); the keys Role is narrowed to them.
+*/}}
+{{- define "unwind.signingKeySecretName" -}}unwind-signing-key{{- end }}
+{{- define "unwind.trustConfigMapName" -}}unwind-trust{{- end }}

@@ -1,0 +1,397 @@
+"""The Helm chart, checked offline with Helm's own Go library (helm-python-sdk).
+
+Lint, render and schema validation run through ``helm_python`` exactly as
+``helm lint`` / ``helm template`` would; no cluster is involved. Each test reads
+like the property of the chart it guards.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+helm = pytest.importorskip("helm_python", reason="helm-python-sdk is not installed")
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART_DIR = ROOT / "charts" / "unwind"
+DOCS = ROOT / "docs" / "chart.md"
+RELEASE = "unwind"
+NAMESPACE = "unwind-system"
+
+RBAC_KINDS = {"ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"}
+
+# The cluster-wide rules, exactly: (apiGroup, resource) -> verbs. docs/chart.md
+# names the handler behind each one; a rule added here must be added there.
+EXPECTED_CLUSTER_RULES = {
+    ("apiextensions.k8s.io", "customresourcedefinitions"): {"get", "list", "watch"},
+    ("", "namespaces"): {"get", "list", "watch"},
+    ("unwind.dev", "toolmanifests"): {"get", "list", "watch", "patch"},
+    ("unwind.dev", "toolmanifests/status"): {"get", "patch", "update"},
+    ("apps", "controllerrevisions"): {"get", "list", "watch", "create"},
+    ("", "configmaps"): {"get", "list", "watch", "create", "update", "patch", "delete"},
+    ("", "events"): {"create", "patch"},
+    ("events.k8s.io", "events"): {"create", "patch"},
+}
+EXPECTED_KEYS_RULES = {
+    ("", "secrets"): {"get", "create"},
+    ("", "configmaps"): {"get", "create", "update", "patch"},
+}
+
+
+# --- helpers ------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def chart(chart_dir: Path) -> Iterator[Any]:
+    with helm.Chart.load(chart_dir) as loaded:
+        yield loaded
+
+
+def render(chart: Any, values: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """Render like `helm template`, returning every object of every template."""
+    manifests = chart.render(values, name=RELEASE, namespace=NAMESPACE, is_install=True)
+    objects: list[dict[str, Any]] = []
+    for path, text in manifests.items():
+        if path.endswith("NOTES.txt"):
+            continue
+        objects.extend(doc for doc in yaml.safe_load_all(text) if doc)
+    return objects
+
+
+def only(objects: list[dict[str, Any]], kind: str) -> dict[str, Any]:
+    found = [obj for obj in objects if obj["kind"] == kind]
+    assert len(found) == 1, f"expected one {kind}, found {len(found)}"
+    return found[0]
+
+
+def rules_table(role: dict[str, Any]) -> dict[tuple[str, str], set[str]]:
+    table: dict[tuple[str, str], set[str]] = {}
+    for rule in role["rules"]:
+        for group in rule["apiGroups"]:
+            for resource in rule["resources"]:
+                table.setdefault((group, resource), set()).update(rule["verbs"])
+    return table
+
+
+def operator_container(objects: list[dict[str, Any]]) -> dict[str, Any]:
+    pod = only(objects, "Deployment")["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    return container
+
+
+def value_paths(values: dict[str, Any], prefix: str = "") -> list[str]:
+    """Dotted paths of every leaf value (maps recurse, anything else is a leaf)."""
+    paths: list[str] = []
+    for key, value in values.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, dict) and value:
+            paths.extend(value_paths(value, f"{path}."))
+        else:
+            paths.append(path)
+    return paths
+
+
+def schema_node(schema: dict[str, Any], path: str) -> dict[str, Any] | None:
+    node: dict[str, Any] | None = schema
+    for part in path.split("."):
+        if node is None:
+            return None
+        if "$ref" in node:
+            node = schema["definitions"][node["$ref"].rsplit("/", 1)[-1]]
+        props = node.get("properties", {})
+        if part in props:
+            node = props[part]
+        elif isinstance(node.get("additionalProperties"), dict):
+            node = node["additionalProperties"]
+        else:
+            return None
+    return node
+
+
+# --- lint and render ------------------------------------------------------------
+
+
+def test_the_chart_lints_clean_in_strict_mode(chart_dir: Path) -> None:
+    report = helm.lint(chart_dir, strict=True, namespace=NAMESPACE)
+    findings = [m for m in report["messages"] if m["severity"] >= 2]  # 2 warning, 3 error
+    assert report["errors"] == []
+    assert findings == []
+
+
+def test_the_chart_is_unwind_0_1_0_with_app_version_0_1_0(chart: Any) -> None:
+    meta = chart.metadata
+    assert (meta["apiVersion"], meta["name"], meta["version"], meta["appVersion"]) == (
+        "v2",
+        "unwind",
+        "0.1.0",
+        "0.1.0",
+    )
+
+
+def test_the_chart_renders_every_object_with_default_values(chart: Any) -> None:
+    kinds = sorted(obj["kind"] for obj in render(chart))
+    assert kinds == sorted(
+        [
+            "ClusterRole",
+            "ClusterRoleBinding",
+            "Deployment",
+            "Role",
+            "RoleBinding",
+            "Service",
+            "ServiceAccount",
+        ]
+    )
+
+
+def test_every_object_carries_the_standard_kubernetes_labels(chart: Any) -> None:
+    for obj in render(chart):
+        labels = obj["metadata"]["labels"]
+        assert labels["app.kubernetes.io/name"] == "unwind"
+        assert labels["app.kubernetes.io/instance"] == RELEASE
+        assert labels["app.kubernetes.io/managed-by"] == "Helm"
+        assert labels["app.kubernetes.io/version"] == "0.1.0"
+        assert labels["helm.sh/chart"] == "unwind-0.1.0"
+
+
+# --- the operator Deployment ------------------------------------------------------
+
+
+def test_the_operator_runs_as_non_root_with_a_read_only_root_and_no_capabilities(
+    chart: Any,
+) -> None:
+    objects = render(chart)
+    pod = only(objects, "Deployment")["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["runAsUser"] == 65532
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    sc = operator_container(objects)["securityContext"]
+    assert sc["runAsNonRoot"] is True
+    assert sc["runAsUser"] == 65532
+    assert sc["readOnlyRootFilesystem"] is True
+    assert sc["allowPrivilegeEscalation"] is False
+    assert sc["capabilities"] == {"drop": ["ALL"]}
+    assert sc["seccompProfile"] == {"type": "RuntimeDefault"}
+
+
+def test_the_only_writable_path_is_an_empty_dir_at_tmp(chart: Any) -> None:
+    objects = render(chart)
+    pod = only(objects, "Deployment")["spec"]["template"]["spec"]
+    assert [m["mountPath"] for m in operator_container(objects)["volumeMounts"]] == ["/tmp"]
+    assert [v["name"] for v in pod["volumes"] if "emptyDir" in v] == ["tmp"]
+
+
+def test_the_operator_is_probed_on_kopfs_liveness_endpoint(chart: Any) -> None:
+    container = operator_container(render(chart))
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports["health"] == 8080
+    for probe in ("livenessProbe", "readinessProbe"):
+        get = container[probe]["httpGet"]
+        assert (get["path"], get["port"]) == ("/healthz", "health")
+    assert "--liveness=http://0.0.0.0:8080/healthz" in container["args"]
+
+
+def test_the_operator_has_resource_requests_and_limits_by_default(chart: Any) -> None:
+    assert operator_container(render(chart))["resources"] == {
+        "requests": {"cpu": "100m", "memory": "128Mi"},
+        "limits": {"cpu": "500m", "memory": "256Mi"},
+    }
+
+
+def test_the_operator_runs_one_replica_and_is_replaced_not_rolled(chart: Any) -> None:
+    spec = only(render(chart), "Deployment")["spec"]
+    assert spec["replicas"] == 1
+    assert spec["strategy"] == {"type": "Recreate"}
+
+
+def test_the_operator_watches_all_namespaces_unless_some_are_named(chart: Any) -> None:
+    args = operator_container(render(chart))["args"]
+    assert args[0] == "operator"
+    assert not [a for a in args if a.startswith("--namespace")]
+    assert f"--operator-namespace={NAMESPACE}" in args
+    assert "--metrics-port=9090" in args
+
+    named = operator_container(render(chart, {"operator": {"watchNamespaces": ["a", "b"]}}))
+    assert [a for a in named["args"] if a.startswith("--namespace")] == [
+        "--namespace=a",
+        "--namespace=b",
+    ]
+
+
+def test_the_operator_learns_its_namespace_from_the_downward_api(chart: Any) -> None:
+    env = {e["name"]: e for e in operator_container(render(chart))["env"]}
+    assert env["UNWIND_OPERATOR_NAMESPACE"]["valueFrom"] == {
+        "fieldRef": {"fieldPath": "metadata.namespace"}
+    }
+
+
+def test_operator_settings_reach_the_container_environment(chart: Any) -> None:
+    values = {
+        "operator": {
+            "trustedAppliers": ["system:serviceaccount:argocd:argocd-application-controller"],
+            "bundleWindowSeconds": 2.5,
+            "logLevel": "debug",
+        }
+    }
+    env = {e["name"]: e.get("value") for e in operator_container(render(chart, values))["env"]}
+    assert env["UNWIND_TRUSTED_APPLIERS"] == (
+        "system:serviceaccount:argocd:argocd-application-controller"
+    )
+    assert env["UNWIND_BUNDLE_WINDOW_SECONDS"] == "2.5"
+    assert env["UNWIND_LOG_LEVEL"] == "debug"
+
+    defaults = {e["name"]: e.get("value") for e in operator_container(render(chart))["env"]}
+    assert defaults["UNWIND_TRUSTED_APPLIERS"] == "*"
+    assert float(defaults["UNWIND_BUNDLE_WINDOW_SECONDS"]) == 1.0
+
+
+def test_the_image_tag_defaults_to_the_app_version(chart: Any) -> None:
+    assert operator_container(render(chart))["image"] == "unwind:0.1.0"
+    pinned = render(chart, {"image": {"repository": "example/unwind", "tag": "dev"}})
+    assert operator_container(pinned)["image"] == "example/unwind:dev"
+
+
+def test_the_metrics_service_selects_the_operator_pod_on_port_9090(chart: Any) -> None:
+    objects = render(chart)
+    service = only(objects, "Service")
+    pod_labels = only(objects, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    assert service["spec"]["selector"].items() <= pod_labels.items()
+    assert service["spec"]["ports"] == [
+        {"name": "metrics", "port": 9090, "targetPort": "metrics", "protocol": "TCP"}
+    ]
+    ports = {p["name"]: p["containerPort"] for p in operator_container(objects)["ports"]}
+    assert ports["metrics"] == 9090
+
+
+# --- RBAC ---------------------------------------------------------------------
+
+
+def test_rbac_has_no_wildcard_verbs_resources_or_api_groups(chart: Any) -> None:
+    for role in (obj for obj in render(chart) if obj["kind"] in {"ClusterRole", "Role"}):
+        for rule in role["rules"]:
+            for field in ("verbs", "resources", "apiGroups", "resourceNames"):
+                assert "*" not in rule.get(field, []), (role["metadata"]["name"], rule)
+
+
+def test_the_cluster_role_grants_exactly_what_the_handlers_use(chart: Any) -> None:
+    cluster_role = only(render(chart), "ClusterRole")
+    assert cluster_role["metadata"]["name"] == "unwind-operator"
+    assert rules_table(cluster_role) == EXPECTED_CLUSTER_RULES
+
+
+def test_secrets_are_granted_only_by_a_role_in_the_release_namespace(chart: Any) -> None:
+    objects = render(chart)
+    assert ("", "secrets") not in rules_table(only(objects, "ClusterRole"))
+    role = only(objects, "Role")
+    assert role["metadata"]["name"] == "unwind-operator-keys"
+    assert role["metadata"]["namespace"] == NAMESPACE
+    assert rules_table(role) == EXPECTED_KEYS_RULES
+    readable = [r for r in role["rules"] if "secrets" in r["resources"] and "get" in r["verbs"]]
+    assert [r["resourceNames"] for r in readable] == [["unwind-signing-key"]]
+
+
+def test_both_roles_are_bound_to_the_operator_service_account(chart: Any) -> None:
+    objects = render(chart)
+    account = only(objects, "ServiceAccount")["metadata"]["name"]
+    pod = only(objects, "Deployment")["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == account
+    for kind, role_kind in (("ClusterRoleBinding", "ClusterRole"), ("RoleBinding", "Role")):
+        binding = only(objects, kind)
+        assert binding["roleRef"]["kind"] == role_kind
+        assert binding["roleRef"]["name"] == only(objects, role_kind)["metadata"]["name"]
+        assert binding["subjects"] == [
+            {"kind": "ServiceAccount", "name": account, "namespace": NAMESPACE}
+        ]
+
+
+def test_rbac_create_false_renders_no_rbac_objects(chart: Any) -> None:
+    kinds = {obj["kind"] for obj in render(chart, {"rbac": {"create": False}})}
+    assert not kinds & RBAC_KINDS
+    assert "Deployment" in kinds
+
+
+def test_service_account_create_false_uses_the_named_account(chart: Any) -> None:
+    objects = render(chart, {"serviceAccount": {"create": False, "name": "platform-unwind"}})
+    assert "ServiceAccount" not in {obj["kind"] for obj in objects}
+    pod = only(objects, "Deployment")["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == "platform-unwind"
+    assert only(objects, "RoleBinding")["subjects"][0]["name"] == "platform-unwind"
+
+
+# --- values and schema ------------------------------------------------------------
+
+
+def test_an_unknown_top_level_value_is_refused_by_the_schema(chart: Any) -> None:
+    with pytest.raises(helm.HelmValuesError, match="replicaCount"):
+        render(chart, {"replicaCount": 2})
+
+
+def test_an_unknown_operator_setting_is_refused_by_the_schema(chart: Any) -> None:
+    with pytest.raises(helm.HelmValuesError, match="bundleWindow"):
+        render(chart, {"operator": {"bundleWindow": 3}})
+
+
+def test_a_log_level_outside_the_list_is_refused_by_the_schema(chart: Any) -> None:
+    with pytest.raises(helm.HelmValuesError, match="logLevel"):
+        chart.validate_schema({"operator": {"logLevel": "verbose"}})
+
+
+def test_lint_reports_an_unknown_value_as_an_error(chart_dir: Path) -> None:
+    report = helm.lint(chart_dir, {"replicas": 3})
+    assert any("replicas" in error for error in report["errors"])
+
+
+def test_the_schema_is_draft_07_and_closed_at_the_top(chart: Any) -> None:
+    schema = chart.schema
+    assert schema["$schema"] == "http://json-schema.org/draft-07/schema#"
+    assert schema["additionalProperties"] is False
+    for name in ("image", "operator", "serviceAccount", "rbac", "metrics", "resources"):
+        assert schema["properties"][name]["additionalProperties"] is False, name
+
+
+def test_every_default_value_is_declared_in_the_schema(chart: Any) -> None:
+    schema = json.loads((CHART_DIR / "values.schema.json").read_text())
+    undeclared = [p for p in value_paths(chart.values) if schema_node(schema, p) is None]
+    assert undeclared == []
+
+
+def test_every_value_is_documented_by_a_comment_in_values_yaml(chart: Any) -> None:
+    commented: set[str] = set()  # dotted paths of keys with a comment right above them
+    stack: list[tuple[int, str]] = []  # (indent, key) of the enclosing keys
+    previous = ""
+    for line in (CHART_DIR / "values.yaml").read_text().splitlines():
+        match = re.match(r"^(\s*)([A-Za-z][\w-]*):", line)
+        if match:
+            indent = len(match.group(1))
+            while stack and stack[-1][0] >= indent:
+                stack.pop()
+            stack.append((indent, match.group(2)))
+            if previous.lstrip().startswith("#"):
+                commented.add(".".join(key for _, key in stack))
+        if line.strip():
+            previous = line
+
+    def documented(path: str) -> bool:
+        parts = path.split(".")
+        return any(".".join(parts[:n]) in commented for n in range(1, len(parts) + 1))
+
+    assert [p for p in value_paths(chart.values) if not documented(p)] == []
+
+
+def test_every_value_is_listed_in_the_chart_docs(chart: Any) -> None:
+    docs = DOCS.read_text()
+    missing = [p for p in value_paths(chart.values) if f"`{p}`" not in docs]
+    assert missing == []
+
+
+def test_the_notes_say_how_to_check_the_operator_and_where_trust_lives(chart: Any) -> None:
+    notes = chart.render(name=RELEASE, namespace=NAMESPACE)["unwind/templates/NOTES.txt"]
+    assert "kubectl get toolmanifests -A" in notes
+    assert "rollout status deployment/unwind-operator" in notes
+    assert "configmap unwind-trust" in notes
+    assert NAMESPACE in notes

@@ -1,0 +1,154 @@
+"""The chart installed into a real API server (the local control plane, docs/controlplane.md).
+
+Helm's Go library (helm-python-sdk) installs the chart the way `helm install` does;
+the API server's own RBAC authorizer then answers SubjectAccessReviews for the
+operator's ServiceAccount, so the least-privilege claims are checked by Kubernetes,
+not by reading YAML. There is no kubelet: the operator pod stays Pending, so the
+install does not wait for it.
+
+Skipped when the control-plane binaries are not built yet (CI=true builds them).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+helm = pytest.importorskip("helm_python", reason="helm-python-sdk is not installed")
+client = pytest.importorskip("kubernetes.client")
+k8s_config = pytest.importorskip("kubernetes.config")
+
+from unwind.controlplane import ControlPlane, ensure_binaries  # noqa: E402
+from unwind.controlplane.build import cached_binaries  # noqa: E402
+
+pytestmark = pytest.mark.cluster
+
+RELEASE = "unwind"
+NAMESPACE = "unwind-system"
+OPERATOR = f"system:serviceaccount:{NAMESPACE}:{RELEASE}"
+
+
+@pytest.fixture(scope="module")
+def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+    bins = cached_binaries()
+    if bins is None:
+        if os.environ.get("CI", "").lower() != "true":
+            pytest.skip("control-plane binaries not built (python -m unwind.controlplane.build)")
+        bins = ensure_binaries()
+    with ControlPlane(tmp_path_factory.mktemp("cp"), bins, die_with_parent=True) as cp:
+        yield cp
+
+
+@pytest.fixture(scope="module")
+def installed(control_plane: ControlPlane, chart_dir: Path) -> Iterator[dict[str, Any]]:
+    with helm.Config(kubeconfig_path=control_plane.kubeconfig, namespace=NAMESPACE) as cfg:
+        release = cfg.install(chart_dir, RELEASE, create_namespace=True, timeout=120)
+        yield release
+        cfg.uninstall(RELEASE, ignore_not_found=True, timeout=60)
+
+
+@pytest.fixture(scope="module")
+def api(control_plane: ControlPlane) -> Iterator[Any]:
+    api_client = k8s_config.new_client_from_config(config_file=str(control_plane.kubeconfig))
+    try:
+        yield api_client
+    finally:
+        api_client.close()
+
+
+def may(
+    api: Any,
+    verb: str,
+    resource: str,
+    *,
+    group: str = "",
+    namespace: str | None = None,
+    name: str | None = None,
+    subresource: str | None = None,
+) -> bool:
+    review = client.V1SubjectAccessReview(
+        spec=client.V1SubjectAccessReviewSpec(
+            user=OPERATOR,
+            groups=["system:serviceaccounts", f"system:serviceaccounts:{NAMESPACE}"],
+            resource_attributes=client.V1ResourceAttributes(
+                verb=verb,
+                group=group,
+                resource=resource,
+                namespace=namespace,
+                name=name,
+                subresource=subresource,
+            ),
+        )
+    )
+    answer = client.AuthorizationV1Api(api).create_subject_access_review(review)
+    return bool(answer.status.allowed)
+
+
+def test_the_chart_installs_as_a_deployed_release(installed: dict[str, Any], api: Any) -> None:
+    assert installed["status"] == "deployed"
+    assert installed["revision"] == 1
+    apps = client.AppsV1Api(api)
+    assert apps.read_namespaced_deployment("unwind-operator", NAMESPACE).spec.replicas == 1
+    rbac = client.RbacAuthorizationV1Api(api)
+    assert rbac.read_cluster_role("unwind-operator").rules
+    assert rbac.read_namespaced_role("unwind-operator-keys", NAMESPACE).rules
+
+
+def test_the_crds_folder_is_installed_before_the_templates(
+    installed: dict[str, Any], api: Any
+) -> None:
+    crds = client.ApiextensionsV1Api(api).list_custom_resource_definition()
+    assert any(crd.spec.group == "unwind.dev" for crd in crds.items)
+
+
+def test_the_operator_may_do_what_its_handlers_need(installed: dict[str, Any], api: Any) -> None:
+    assert may(api, "watch", "customresourcedefinitions", group="apiextensions.k8s.io")
+    assert may(api, "list", "namespaces")
+    assert may(api, "patch", "toolmanifests", group="unwind.dev", namespace="payments")
+    assert may(
+        api,
+        "update",
+        "toolmanifests",
+        group="unwind.dev",
+        namespace="payments",
+        subresource="status",
+    )
+    assert may(api, "create", "controllerrevisions", group="apps", namespace="payments")
+    assert may(api, "update", "configmaps", namespace="payments", name="unwind-bundle")
+    assert may(api, "create", "events", namespace="payments")
+    assert may(api, "create", "secrets", namespace=NAMESPACE)
+    assert may(api, "get", "secrets", namespace=NAMESPACE, name="unwind-signing-key")
+
+
+def test_the_operator_may_not_read_any_other_secret(installed: dict[str, Any], api: Any) -> None:
+    assert not may(api, "get", "secrets", namespace=NAMESPACE, name="someone-elses")
+    assert not may(api, "list", "secrets", namespace=NAMESPACE)
+    assert not may(api, "get", "secrets", namespace="payments", name="unwind-signing-key")
+    assert not may(api, "create", "secrets", namespace="payments")
+
+
+def test_the_operator_may_not_delete_or_escalate(installed: dict[str, Any], api: Any) -> None:
+    assert not may(api, "delete", "toolmanifests", group="unwind.dev", namespace="payments")
+    assert not may(api, "delete", "secrets", namespace=NAMESPACE, name="unwind-signing-key")
+    assert not may(api, "update", "controllerrevisions", group="apps", namespace="payments")
+    assert not may(api, "create", "clusterrolebindings", group="rbac.authorization.k8s.io")
+    assert not may(api, "create", "pods", namespace="payments")
+
+
+def test_uninstall_removes_the_release_objects(
+    control_plane: ControlPlane, chart_dir: Path, api: Any
+) -> None:
+    name = "second"
+    with helm.Config(kubeconfig_path=control_plane.kubeconfig, namespace="unwind-two") as cfg:
+        cfg.install(chart_dir, name, create_namespace=True, timeout=120)
+        rbac = client.RbacAuthorizationV1Api(api)
+        assert rbac.read_cluster_role("second-unwind-operator").rules
+        result = cfg.uninstall(name, timeout=60)
+        assert result["release"]["name"] == name
+        assert cfg.list(name_filter=f"^{name}$") == []
+    names = [r.metadata.name for r in rbac.list_cluster_role().items]
+    assert "second-unwind-operator" not in names
