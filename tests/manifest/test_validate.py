@@ -44,7 +44,7 @@ DELETE = object()
 
 
 def issues_of(data: dict[str, Any]) -> list[tuple[str, str]]:
-    manifest, issues = validate_manifest(data)
+    _, issues = validate_manifest(data)
     return [(i.path, i.message) for i in issues]
 
 

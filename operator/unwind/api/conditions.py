@@ -22,8 +22,8 @@ class Condition(BaseModel):
     status: ConditionStatus = Field(description="True, False or Unknown.")
     reason: str = Field(description="CamelCase reason; the documented constants of each type.")
     message: str = Field("", description="What happened, and what to do about it.")
-    lastTransitionTime: str = Field(description="When status last changed (RFC 3339).")  # noqa: N815
-    observedGeneration: int | None = Field(None, description="The generation this condition describes.")  # noqa: N815
+    lastTransitionTime: str = Field(description="When status last changed (RFC 3339).")
+    observedGeneration: int | None = Field(None, description="The generation this condition describes.")
 
 
 def now_rfc3339() -> str:

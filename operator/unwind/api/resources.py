@@ -36,13 +36,13 @@ class LintSummary(_Status):
 class ToolManifestStatus(_Status):
     """What the operator made of the manifest."""
 
-    observedGeneration: int | None = Field(None, description="The metadata.generation last reconciled.")  # noqa: N815
+    observedGeneration: int | None = Field(None, description="The metadata.generation last reconciled.")
     version: int | None = Field(None, description="Registry version of the current spec (one per distinct checksum).")
     checksum: str | None = Field(None, description="sha256 of the canonical normalized spec.")
     lifecycle: Literal["draft", "approved", "deprecated"] | None = Field(None, description="Effective lifecycle.")
-    keyId: str | None = Field(None, description="Id of the key that signed the published version.")  # noqa: N815
-    publishedVersion: int | None = Field(None, description="Version currently in the namespace bundle; may lag an invalid edit.")  # noqa: N815
-    publishedChecksum: str | None = Field(None, description="Checksum of the version in the bundle.")  # noqa: N815
+    keyId: str | None = Field(None, description="Id of the key that signed the published version.")
+    publishedVersion: int | None = Field(None, description="Version currently in the namespace bundle; may lag an invalid edit.")
+    publishedChecksum: str | None = Field(None, description="Checksum of the version in the bundle.")
     lint: LintSummary | None = None
     conditions: list[Condition] = Field(default_factory=list, description="Valid, Approved, Signed, Published, Ready.")
 
@@ -55,14 +55,14 @@ class LedgerSpec(_Status):
 
 
 class LedgerStatus(_Status):
-    observedGeneration: int | None = None  # noqa: N815
+    observedGeneration: int | None = None
     conditions: list[Condition] = Field(default_factory=list)
 
 
 class ApprovalTarget(_Status):
-    toolManifest: str | None = Field(None, description="Name of a ToolManifest to approve.")  # noqa: N815
+    toolManifest: str | None = Field(None, description="Name of a ToolManifest to approve.")
     checksum: str | None = Field(None, description="The exact manifest version, by checksum.")
-    effectLedger: str | None = Field(None, description="Name of an EffectLedger.")  # noqa: N815
+    effectLedger: str | None = Field(None, description="Name of an EffectLedger.")
     entry: str | None = Field(None, description="The ledger entry id.")
 
 
@@ -75,7 +75,7 @@ class ApprovalSpec(_Status):
 
 
 class ApprovalStatus(_Status):
-    observedGeneration: int | None = None  # noqa: N815
+    observedGeneration: int | None = None
     conditions: list[Condition] = Field(default_factory=list)
 
 

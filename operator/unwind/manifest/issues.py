@@ -51,10 +51,7 @@ def _input_path(data: Any, loc: tuple[int | str, ...]) -> tuple[str | int, ...]:
     path: list[str | int] = []
     current = data
     for part in loc:
-        if isinstance(current, dict) and part in current:
-            current = current[part]
-            path.append(part)
-        elif isinstance(current, list) and isinstance(part, int) and part < len(current):
+        if (isinstance(current, dict) and part in current) or (isinstance(current, list) and isinstance(part, int) and part < len(current)):
             current = current[part]
             path.append(part)
         elif isinstance(part, str) and (part in _BRANCH_NAMES or "[" in part or part[:1].isupper()):

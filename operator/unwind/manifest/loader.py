@@ -168,7 +168,7 @@ def _collect(value: Any, node: yaml.Node, file: str | None, out: LoadResult) -> 
                                     f"{RESOURCE_API_VERSION} (got {api_version!r})",
                                     file=file, line=node.start_mark.line + 1))
             return
-        meta = value.get("metadata") if isinstance(value.get("metadata"), dict) else {}
+        meta: dict[str, Any] = value["metadata"] if isinstance(value.get("metadata"), dict) else {}
         spec = value.get("spec")
         spec_node = _child(node, "spec")
         if not isinstance(spec, dict) or spec_node is None:
@@ -184,7 +184,8 @@ def _child(node: yaml.Node, key: str) -> yaml.Node | None:
     if isinstance(node, yaml.MappingNode):
         for k, v in node.value:
             if isinstance(k, yaml.ScalarNode) and k.value == key:
-                return v
+                child: yaml.Node = v
+                return child
     return None
 
 

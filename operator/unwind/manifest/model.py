@@ -167,7 +167,7 @@ class SecretKeyRef(Strict):
 
 
 class HeaderValue(Strict):
-    secretKeyRef: SecretKeyRef  # noqa: N815 - Kubernetes spelling
+    secretKeyRef: SecretKeyRef
 
 
 class McpUpstream(Strict):

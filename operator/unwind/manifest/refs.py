@@ -76,7 +76,7 @@ def parse_ref(raw: Any) -> Ref:
         if text == prefix:
             raise RefSyntaxError(f"{raw!r} names no field: write {prefix}.<field>")
         if text.startswith(prefix + ".") or text.startswith(prefix + "["):
-            return Ref(root=root, path=_parse_path(raw, text[len(prefix):]), optional=optional)  # type: ignore[arg-type]
+            return Ref(root=root, path=_parse_path(raw, text[len(prefix):]), optional=optional)
     raise RefSyntaxError(
         f"{raw!r} is not a reference: it must start with $args., $result. or be $key "
         "(or a literal {const: <value>})"

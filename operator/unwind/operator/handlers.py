@@ -1,0 +1,183 @@
+"""kopf wiring: watch events mark a namespace dirty; one coalescing loop per namespace
+reconciles it (gather → plan → write what changed).
+
+Why not one handler per object: the bundle is a function of the whole namespace, so a
+burst of 1000 applies should cost one consistent LIST and one bundle write, not 1000. The
+window (``bundle_window``) is how long the loop waits for the burst to settle; a change that
+arrives while a reconcile runs marks the namespace dirty again, so nothing is lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import kopf
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from .. import API_GROUP, API_VERSION
+from ..api.conditions import now_rfc3339
+from ..registry.signing import Signature, key_id, sign
+from . import metrics
+from .keys import ensure_signing_key, publish_trust
+from .kube import BUNDLE_LABEL, PLURAL, Kube
+from .reconcile import Settings, plan
+
+log = logging.getLogger("unwind.operator")
+
+
+@dataclass
+class Config:
+    operator_namespace: str
+    namespaces: tuple[str, ...] = ()
+    trusted_appliers: tuple[str, ...] = ("*",)
+    bundle_window: float = 1.0
+    resync_seconds: float = 300.0
+    workers: int = 8
+
+
+@dataclass
+class Namespaces:
+    """Dirty flags and one reconcile loop per namespace."""
+
+    reconcile: Any  # async (namespace) -> None
+    window: float
+    dirty: dict[str, float] = field(default_factory=dict)  # namespace -> first change seen
+    wakeups: dict[str, asyncio.Event] = field(default_factory=dict)
+    tasks: dict[str, asyncio.Task[None]] = field(default_factory=dict)
+
+    def touch(self, namespace: str) -> None:
+        self.dirty.setdefault(namespace, time.monotonic())
+        self.wakeups.setdefault(namespace, asyncio.Event()).set()
+        if namespace not in self.tasks or self.tasks[namespace].done():
+            self.tasks[namespace] = asyncio.create_task(self._loop(namespace), name=f"unwind:{namespace}")
+
+    async def _loop(self, namespace: str) -> None:
+        wake = self.wakeups[namespace]
+        backoff = 1.0
+        while True:
+            await wake.wait()
+            # Coalesce: wait until no change arrived for one window.
+            while True:
+                wake.clear()
+                try:
+                    await asyncio.wait_for(wake.wait(), timeout=self.window)
+                except TimeoutError:
+                    break
+            wake.clear()
+            first = self.dirty.pop(namespace, time.monotonic())
+            try:
+                await self.reconcile(namespace, first)
+                backoff = 1.0
+            except Exception as exc:  # retried: temporary API trouble must not stop the loop
+                metrics.RECONCILES.labels("error").inc()
+                log.warning("reconcile of namespace %s failed, retrying in %.0fs: %s", namespace, backoff, exc)
+                self.dirty.setdefault(namespace, first)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 60.0)
+                wake.set()
+
+    async def stop(self) -> None:
+        for task in self.tasks.values():
+            task.cancel()
+        await asyncio.gather(*self.tasks.values(), return_exceptions=True)
+
+
+def reconcile_namespace(kube: Kube, namespace: str, signer: Any, kid: str | None,
+                        settings: Settings, first_seen: float) -> None:
+    """Gather → plan → write. Runs in a thread: the Kubernetes client is synchronous."""
+    with metrics.RECONCILE_SECONDS.time():
+        manifests, revisions, bundle, versions = kube.snapshot(namespace)
+        result = plan(namespace, manifests, revisions, bundle, signer, kid, settings, now_rfc3339())
+        kube.create_revisions(namespace, result.new_revisions)
+        if result.bundle is not None:
+            writes = kube.write_bundle(namespace, result.bundle, bundle, versions)
+            metrics.BUNDLE_WRITES.labels(namespace).inc(writes)
+            metrics.BUNDLE_LATENCY.observe(time.monotonic() - first_seen)
+            log.info("namespace %s: bundle written with %d tools", namespace, result.published)
+        kube.patch_statuses(namespace, result.statuses)
+        metrics.STATUS_PATCHES.inc(len(result.statuses))
+        kube.post_events(namespace, result.events, {m.name: m.uid for m in manifests})
+    metrics.RECONCILES.labels("ok").inc()
+
+
+def build_registry(config: Config, api: client.ApiClient) -> kopf.OperatorRegistry:
+    registry = kopf.OperatorRegistry()
+    kube = Kube(api, workers=config.workers)
+    settings = Settings(trusted_appliers=config.trusted_appliers)
+    state: dict[str, Any] = {}
+
+    async def reconcile(namespace: str, first_seen: float) -> None:
+        await asyncio.to_thread(reconcile_namespace, kube, namespace, state["signer"], state["kid"],
+                                settings, first_seen)
+
+    namespaces = Namespaces(reconcile, config.bundle_window)
+
+    @kopf.on.startup(registry=registry)
+    async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
+        settings.posting.level = logging.WARNING
+        settings.watching.server_timeout = 300
+        key = await asyncio.to_thread(ensure_signing_key, kube.core, config.operator_namespace)
+        state["kid"] = await asyncio.to_thread(publish_trust, kube.core, config.operator_namespace, key)
+
+        def signer(message: bytes) -> Signature:
+            return sign(key, message)
+
+        state["signer"] = signer
+        assert state["kid"] == key_id(key.public_key())
+        log.info("signing with key %s; public keys in ConfigMap %s/unwind-trust",
+                 state["kid"], config.operator_namespace)
+        state["resync"] = asyncio.create_task(_resync(namespaces, config.resync_seconds))
+
+    @kopf.on.cleanup(registry=registry)
+    async def cleanup(**_: Any) -> None:
+        if "resync" in state:
+            state["resync"].cancel()
+        await namespaces.stop()
+
+    @kopf.on.event(API_GROUP, API_VERSION, PLURAL, registry=registry)  # type: ignore[arg-type]
+    async def manifest_changed(namespace: str, **_: Any) -> None:
+        if "signer" in state:
+            namespaces.touch(namespace)
+
+    @kopf.on.event("", "v1", "configmaps", labels={BUNDLE_LABEL: "true"},  # type: ignore[arg-type]
+                   registry=registry)
+    async def bundle_changed(namespace: str, **_: Any) -> None:
+        # Our own writes come back here too: the reconcile then finds nothing to change.
+        if "signer" in state:
+            namespaces.touch(namespace)
+
+    return registry
+
+
+async def _resync(namespaces: Namespaces, every: float) -> None:
+    while True:
+        await asyncio.sleep(every)
+        for namespace in list(namespaces.tasks):
+            namespaces.touch(namespace)
+
+
+def run(config: Config, liveness: str | None, metrics_port: int | None) -> None:
+    from kubernetes import config as kubeconfig
+    from prometheus_client import start_http_server
+
+    try:
+        kubeconfig.load_incluster_config()  # type: ignore[no-untyped-call]
+    except kubeconfig.ConfigException:
+        kubeconfig.load_kube_config()  # type: ignore[no-untyped-call]
+    api = client.ApiClient()
+    try:
+        client.CoreV1Api(api).read_namespace(config.operator_namespace)
+    except ApiException as exc:
+        if exc.status == 404:
+            raise SystemExit(f"error: operator namespace {config.operator_namespace!r} does not "
+                             "exist: create it or pass --operator-namespace") from None
+    if metrics_port:
+        start_http_server(metrics_port)
+    kopf.run(registry=build_registry(config, api), standalone=True,
+             clusterwide=not config.namespaces, namespaces=list(config.namespaces),
+             liveness_endpoint=liveness)

@@ -1,0 +1,150 @@
+"""The operator's API calls, with the synchronous Kubernetes client (run in threads).
+
+Gather a namespace snapshot in three LISTs, then write what a plan says: revisions
+(create; 409 means already done), statuses (merge patches of the status subresource), the
+bundle (shards first, then the index in one update with a resourceVersion precondition),
+and Events. 409/429/5xx are worth retrying; the caller schedules that.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from .. import API_GROUP, API_VERSION
+from ..api.conditions import now_rfc3339
+from ..bundle import BUNDLE_NAME, SHARD_PREFIX, BundleData
+from .reconcile import Event, ManifestObject, Revision
+
+log = logging.getLogger("unwind.operator")
+PLURAL = "toolmanifests"
+MANAGED = {"app.kubernetes.io/managed-by": "unwind"}
+BUNDLE_LABEL = "unwind.dev/bundle"
+OWNER_LABEL = "unwind.dev/toolmanifest-uid"
+CHECKSUM_ANNOTATION = "unwind.dev/checksum"
+COMPONENT = "unwind-operator"
+
+
+class Kube:
+    def __init__(self, api: client.ApiClient, workers: int = 8) -> None:
+        # Typed as Any: the client's generated types do not fit dict bodies and raw reads.
+        self.custom: Any = client.CustomObjectsApi(api)
+        self.apps: Any = client.AppsV1Api(api)
+        self.core: Any = client.CoreV1Api(api)
+        self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="unwind-write")
+
+    # ---- gather ---------------------------------------------------------------------
+    def snapshot(self, namespace: str) -> tuple[list[ManifestObject], list[Revision], BundleData, dict[str, str]]:
+        items = self.custom.list_namespaced_custom_object(API_GROUP, API_VERSION, namespace, PLURAL)["items"]
+        manifests = [ManifestObject(
+            name=i["metadata"]["name"], uid=i["metadata"]["uid"],
+            generation=int(i["metadata"].get("generation") or 0), spec=i.get("spec"),
+            status=i.get("status") or {}, annotations=i["metadata"].get("annotations") or {},
+            created=i["metadata"].get("creationTimestamp") or "") for i in items]
+        revs = self.apps.list_namespaced_controller_revision(
+            namespace, label_selector=f"{OWNER_LABEL}", _preload_content=False)
+        revisions = []
+        for r in json.loads(revs.data)["items"]:
+            meta = r["metadata"]
+            owner = next((o for o in meta.get("ownerReferences") or [] if o.get("kind") == "ToolManifest"), None)
+            if owner is None:
+                continue
+            revisions.append(Revision(meta["name"], owner["name"], owner["uid"], int(r["revision"]),
+                                      (meta.get("annotations") or {}).get(CHECKSUM_ANNOTATION, ""),
+                                      r.get("data") or {}))
+        cms = self.core.list_namespaced_config_map(namespace, label_selector=BUNDLE_LABEL)
+        bundle = {cm.metadata.name: dict(cm.data or {}) for cm in cms.items}
+        versions = {cm.metadata.name: cm.metadata.resource_version for cm in cms.items}
+        return manifests, revisions, bundle, versions
+
+    # ---- write ----------------------------------------------------------------------
+    def create_revisions(self, namespace: str, revisions: Iterable[Revision]) -> None:
+        def create(rev: Revision) -> None:
+            body = {
+                "apiVersion": "apps/v1", "kind": "ControllerRevision",
+                "metadata": {"name": rev.name, "namespace": namespace,
+                             "labels": {**MANAGED, OWNER_LABEL: rev.owner_uid},
+                             "annotations": {CHECKSUM_ANNOTATION: rev.checksum},
+                             "ownerReferences": [{"apiVersion": f"{API_GROUP}/{API_VERSION}",
+                                                  "kind": "ToolManifest", "name": rev.owner,
+                                                  "uid": rev.owner_uid}]},
+                "revision": rev.version, "data": rev.data,
+            }
+            try:
+                self.apps.create_namespaced_controller_revision(namespace, body)
+            except ApiException as exc:
+                if exc.status != 409:  # 409: recorded by an earlier run; revisions are immutable
+                    raise
+        list(self.pool.map(create, revisions))
+
+    def patch_statuses(self, namespace: str, statuses: dict[str, dict[str, Any]]) -> None:
+        def patch(item: tuple[str, dict[str, Any]]) -> None:
+            name, status = item
+            try:
+                self.custom.patch_namespaced_custom_object_status(
+                    API_GROUP, API_VERSION, namespace, PLURAL, name, {"status": status})
+            except ApiException as exc:
+                if exc.status != 404:  # deleted meanwhile: nothing to report on
+                    raise
+        list(self.pool.map(patch, statuses.items()))
+
+    def write_bundle(self, namespace: str, bundle: BundleData, current: BundleData,
+                     versions: dict[str, str]) -> int:
+        """Shards first, then the index in one update, then stale shards. Returns writes."""
+        writes = 0
+        labels = {**MANAGED, BUNDLE_LABEL: "true"}
+        for name, data in bundle.items():
+            if name == BUNDLE_NAME or current.get(name) == data:
+                continue
+            body = client.V1ConfigMap(metadata=client.V1ObjectMeta(name=name, labels=labels),
+                                      data=data, immutable=True)
+            try:
+                self.core.create_namespaced_config_map(namespace, body)
+            except ApiException as exc:
+                if exc.status != 409:
+                    raise
+                self.core.delete_namespaced_config_map(name, namespace)  # edited by hand
+                self.core.create_namespaced_config_map(namespace, body)
+            writes += 1
+        main = client.V1ConfigMap(
+            metadata=client.V1ObjectMeta(name=BUNDLE_NAME, labels=labels,
+                                         resource_version=versions.get(BUNDLE_NAME)),
+            data=bundle[BUNDLE_NAME])
+        if BUNDLE_NAME in current:
+            self.core.replace_namespaced_config_map(BUNDLE_NAME, namespace, main)
+        else:
+            self.core.create_namespaced_config_map(namespace, main)
+        writes += 1
+        for name in current:
+            if name.startswith(SHARD_PREFIX) and name not in bundle:
+                try:
+                    self.core.delete_namespaced_config_map(name, namespace)
+                except ApiException as exc:
+                    if exc.status != 404:
+                        raise
+        return writes
+
+    def post_events(self, namespace: str, events: Iterable[Event], uids: dict[str, str]) -> None:
+        def post(event: Event) -> None:
+            now = now_rfc3339()
+            body = {
+                "apiVersion": "v1", "kind": "Event",
+                "metadata": {"generateName": f"{event.name[:200]}.", "namespace": namespace},
+                "involvedObject": {"apiVersion": f"{API_GROUP}/{API_VERSION}", "kind": "ToolManifest",
+                                   "name": event.name, "namespace": namespace,
+                                   "uid": uids.get(event.name, "")},
+                "type": event.type, "reason": event.reason, "message": event.message[:1024],
+                "source": {"component": COMPONENT}, "reportingComponent": COMPONENT,
+                "firstTimestamp": now, "lastTimestamp": now, "count": 1,
+            }
+            try:
+                self.core.create_namespaced_event(namespace, body)
+            except ApiException as exc:  # an event is a courtesy; never fail a reconcile on it
+                log.warning("could not post event %s/%s: %s", namespace, event.name, exc.reason)
+        list(self.pool.map(post, events))

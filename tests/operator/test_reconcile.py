@@ -1,0 +1,194 @@
+"""The namespace reconcile as a pure function: what it writes, and what it leaves alone."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from unwind.bundle import BUNDLE_NAME, INDEX_KEY, BundleError, load_bundle
+from unwind.operator.reconcile import ManifestObject, Plan, Revision, Settings, plan
+from unwind.registry.signing import TrustStore, key_id, sign
+
+KEY = Ed25519PrivateKey.generate()
+KID = key_id(KEY.public_key())
+TRUST = TrustStore([KEY.public_key()])
+NOW = "2026-11-30T00:00:00Z"
+
+READ = {"tool": "shop.get_order", "effect": "read_only", "permission": "shop:read"}
+CANCEL = {"tool": "shop.cancel_order", "effect": "idempotent", "permission": "shop:write"}
+CREATE = {"tool": "shop.create_order", "effect": "compensable", "permission": "shop:write",
+          "compensation": {"tool": "shop.cancel_order", "argument_map": {"id": "$result.id"}}}
+
+
+class Cluster:
+    """Plays the API server for the planner: applies a plan's writes to in-memory state."""
+
+    def __init__(self, **specs: dict[str, Any]) -> None:
+        self.objects: dict[str, ManifestObject] = {}
+        self.revisions: list[Revision] = []
+        self.bundle: dict[str, dict[str, str]] = {}
+        self.bundle_writes = 0
+        for name, spec in specs.items():
+            self.apply(name, spec)
+
+    def apply(self, name: str, spec: dict[str, Any], annotations: dict[str, str] | None = None) -> None:
+        old = self.objects.get(name)
+        gen = (old.generation + (old.spec != spec)) if old else 1
+        self.objects[name] = ManifestObject(name, f"uid-{name}", gen, copy.deepcopy(spec),
+                                            old.status if old else {}, annotations or {},
+                                            created=old.created if old else f"t{len(self.objects):04d}")
+
+    def delete(self, name: str) -> None:
+        obj = self.objects.pop(name)
+        self.revisions = [r for r in self.revisions if r.owner_uid != obj.uid]
+
+    def reconcile(self, settings: Settings | None = None) -> Plan:
+        result = plan("shop", list(self.objects.values()), self.revisions, self.bundle,
+                      lambda m: sign(KEY, m), KID, settings or Settings(), NOW)
+        self.revisions.extend(result.new_revisions)
+        for name, status in result.statuses.items():
+            o = self.objects[name]
+            self.objects[name] = ManifestObject(o.name, o.uid, o.generation, o.spec, status,
+                                                o.annotations, o.created)
+        if result.bundle is not None:
+            self.bundle = result.bundle
+            self.bundle_writes += 1
+        return result
+
+    def condition(self, name: str, type_: str) -> dict[str, Any]:
+        return next(c for c in self.objects[name].status["conditions"] if c["type"] == type_)
+
+    def enforced(self) -> dict[str, int]:
+        return {tool: m.version for tool, m in load_bundle(self.bundle, TRUST).items()}
+
+
+def test_valid_manifests_are_versioned_signed_and_published() -> None:
+    c = Cluster(read=READ, cancel=CANCEL, create=CREATE)
+    result = c.reconcile()
+    assert len(result.new_revisions) == 3
+    assert c.enforced() == {"shop.get_order": 1, "shop.cancel_order": 1, "shop.create_order": 1}
+    for name in ("read", "cancel", "create"):
+        assert {t: c.condition(name, t)["status"] for t in ("Valid", "Approved", "Signed", "Published", "Ready")} \
+            == dict.fromkeys(("Valid", "Approved", "Signed", "Published", "Ready"), "True")
+        assert c.objects[name].status["keyId"] == KID
+    assert [e.reason for e in result.events] == ["Published"] * 3
+
+
+def test_a_second_reconcile_of_an_unchanged_namespace_writes_nothing() -> None:
+    c = Cluster(read=READ, cancel=CANCEL, create=CREATE)
+    c.reconcile()
+    again = c.reconcile()
+    assert (again.new_revisions, again.statuses, again.bundle, again.events) == ([], {}, None, [])
+
+
+def test_an_invalid_edit_keeps_the_last_good_version_in_the_bundle() -> None:
+    c = Cluster(read=READ, cancel=CANCEL, create=CREATE)
+    c.reconcile()
+    c.apply("create", {**CREATE, "retry": {"attempts": 2}})
+    c.reconcile()
+    assert c.enforced()["shop.create_order"] == 1
+    valid = c.condition("create", "Valid")
+    assert valid["status"] == "False" and "retry: retrying a compensable tool" in valid["message"]
+    assert c.condition("create", "Published")["reason"] == "LastGoodVersionPublished"
+    assert c.condition("create", "Ready")["status"] == "False"
+    assert c.objects["create"].status["publishedVersion"] == 1
+
+
+def test_a_valid_edit_is_a_new_version_and_reapplying_the_old_spec_reuses_its_version() -> None:
+    c = Cluster(read=READ, cancel=CANCEL, create=CREATE)
+    c.reconcile()
+    c.apply("create", {**CREATE, "description": "Create an order."})
+    c.reconcile()
+    assert c.enforced()["shop.create_order"] == 2
+    c.apply("create", CREATE)
+    result = c.reconcile()
+    assert result.new_revisions == [] and c.enforced()["shop.create_order"] == 1
+
+
+def test_a_draft_is_recorded_but_not_published() -> None:
+    c = Cluster(read=READ, draft={**CANCEL, "lifecycle": "draft"})
+    c.reconcile()
+    assert "shop.cancel_order" not in c.enforced()
+    assert c.condition("draft", "Approved")["reason"] == "Draft"
+    assert c.condition("draft", "Ready")["reason"] == "DraftRecorded"
+    assert c.objects["draft"].status["version"] == 1
+
+
+def test_a_published_manifest_may_not_lean_on_a_draft() -> None:
+    c = Cluster(read=READ, create=CREATE, cancel={**CANCEL, "lifecycle": "draft"})
+    c.reconcile()
+    valid = c.condition("create", "Valid")
+    assert valid["reason"] == "SetValidationFailed"
+    assert "'shop.cancel_order', which is only a draft" in valid["message"]
+    assert "shop.create_order" not in c.enforced()
+
+
+def test_a_missing_reference_fails_set_validation_with_the_field_path() -> None:
+    c = Cluster(read=READ, create=CREATE)
+    c.reconcile()
+    valid = c.condition("create", "Valid")
+    assert valid["status"] == "False"
+    assert valid["message"].startswith("compensation.tool: names 'shop.cancel_order'")
+    assert c.enforced() == {"shop.get_order": 1}
+
+
+def test_deleting_a_manifest_removes_it_from_the_bundle() -> None:
+    c = Cluster(read=READ, cancel=CANCEL)
+    c.reconcile()
+    c.delete("cancel")
+    c.reconcile()
+    assert c.enforced() == {"shop.get_order": 1}
+
+
+def test_a_hand_edited_bundle_is_rewritten() -> None:
+    c = Cluster(read=READ)
+    c.reconcile()
+    good = copy.deepcopy(c.bundle)
+    key = next(k for k in c.bundle[BUNDLE_NAME] if k != INDEX_KEY)
+    c.bundle[BUNDLE_NAME][key] = c.bundle[BUNDLE_NAME][key].replace("shop:read", "shop:*")
+    with pytest.raises(BundleError, match="checksum mismatch"):
+        load_bundle(c.bundle, TRUST)
+    result = c.reconcile()
+    assert result.bundle == good
+
+
+def test_the_second_manifest_for_a_tool_is_refused() -> None:
+    c = Cluster(first=READ, second={**READ, "description": "again"})
+    c.reconcile()
+    assert c.condition("second", "Valid")["reason"] == "DuplicateTool"
+    assert "already declared by ToolManifest first" in c.condition("second", "Valid")["message"]
+    assert c.condition("first", "Ready")["status"] == "True"
+
+
+def test_approved_from_an_untrusted_applier_stays_a_draft() -> None:
+    c = Cluster()
+    c.apply("read", READ, annotations={"unwind.dev/applied-by": "mallory"})
+    c.reconcile(Settings(trusted_appliers=("system:serviceaccount:argocd:argocd-application-controller",)))
+    assert c.condition("read", "Approved")["reason"] == "UntrustedApplier"
+    assert c.enforced() == {}
+
+
+def test_a_large_bundle_is_sharded_and_still_verifies() -> None:
+    specs = {f"t{i}": {**READ, "tool": f"shop.read_{i}", "description": "x" * 2000} for i in range(600)}
+    c = Cluster(**specs)
+    c.reconcile()
+    assert len(c.bundle) > 2 and all(len(str(d)) < 1024 * 1024 for d in c.bundle.values())
+    assert len(c.enforced()) == 600
+
+
+def test_a_signature_from_another_key_is_refused() -> None:
+    c = Cluster(read=READ)
+    c.reconcile()
+    with pytest.raises(BundleError, match="signature untrusted"):
+        load_bundle(c.bundle, TrustStore([Ed25519PrivateKey.generate().public_key()]))
+
+
+def test_lint_findings_are_reported_in_status() -> None:
+    c = Cluster(cancel={**CANCEL})
+    c.reconcile()
+    lint = c.objects["cancel"].status["lint"]
+    assert lint["warnings"] >= 1
+    assert {"L011", "L012"} <= {f["code"] for f in lint["findings"]}
