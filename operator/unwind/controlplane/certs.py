@@ -1,0 +1,111 @@
+"""Keys and certificates for the local control plane, made with ``cryptography``.
+
+Why this exists: the API server must serve TLS that our clients (kubectl, the kubernetes
+Python client, kopf) verify against a CA we control, and it needs a service-account key
+pair so that ServiceAccount tokens are real signed tokens (the operator is later run under
+one). Nothing here is meant for anything but loopback test clusters.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import ipaddress
+from dataclasses import dataclass
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
+from cryptography.x509.oid import NameOID
+
+
+@dataclass(frozen=True)
+class CertFiles:
+    ca_cert: Path
+    ca_key: Path
+    serving_cert: Path
+    serving_key: Path
+    sa_key: Path
+    sa_pub: Path
+
+
+def _write_key(key: ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey, path: Path) -> None:
+    path.write_bytes(key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.TraditionalOpenSSL,
+        serialization.NoEncryption(),
+    ))
+    path.chmod(0o600)
+
+
+def _name(cn: str) -> x509.Name:
+    return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
+
+
+def make_ca(cn: str = "unwind-local-ca") -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
+    key = ec.generate_private_key(ec.SECP256R1())
+    now = dt.datetime.now(dt.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(_name(cn)).issuer_name(_name(cn))
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=5))
+        .not_valid_after(now + dt.timedelta(days=365))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .add_extension(x509.KeyUsage(
+            digital_signature=True, key_cert_sign=True, crl_sign=True, content_commitment=False,
+            key_encipherment=False, data_encipherment=False, key_agreement=False,
+            encipher_only=False, decipher_only=False), critical=True)
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+        .sign(key, hashes.SHA256())
+    )
+    return key, cert
+
+
+def issue_serving_cert(
+    ca_key: ec.EllipticCurvePrivateKey, ca_cert: x509.Certificate, cn: str,
+    dns: list[str], ips: list[str],
+) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
+    """A TLS server certificate signed by the CA (also usable for webhook servers)."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    now = dt.datetime.now(dt.UTC)
+    sans: list[x509.GeneralName] = [x509.DNSName(d) for d in dns]
+    sans += [x509.IPAddress(ipaddress.ip_address(i)) for i in ips]
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(_name(cn)).issuer_name(ca_cert.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=5))
+        .not_valid_after(now + dt.timedelta(days=365))
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(x509.SubjectAlternativeName(sans), critical=False)
+        .add_extension(x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    return key, cert
+
+
+def write_pki(directory: Path) -> CertFiles:
+    """Create CA, API server serving cert (SAN 127.0.0.1, localhost, kubernetes.default...) and SA keys."""
+    directory.mkdir(parents=True, exist_ok=True)
+    files = CertFiles(
+        ca_cert=directory / "ca.crt", ca_key=directory / "ca.key",
+        serving_cert=directory / "apiserver.crt", serving_key=directory / "apiserver.key",
+        sa_key=directory / "sa.key", sa_pub=directory / "sa.pub",
+    )
+    ca_key, ca_cert = make_ca()
+    _write_key(ca_key, files.ca_key)
+    files.ca_cert.write_bytes(ca_cert.public_bytes(serialization.Encoding.PEM))
+    dns = ["localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc",
+           "kubernetes.default.svc.cluster.local"]
+    key, cert = issue_serving_cert(ca_key, ca_cert, "kube-apiserver", dns, ["127.0.0.1", "10.0.0.1"])
+    _write_key(key, files.serving_key)
+    files.serving_cert.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    sa = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    _write_key(sa, files.sa_key)
+    files.sa_pub.write_bytes(sa.public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
+    return files

@@ -1,0 +1,279 @@
+"""Run a real local control plane (etcd, kube-apiserver, kube-controller-manager) on loopback.
+
+Why this exists: Unwind's behaviour depends on things only a real API server does — RBAC,
+admission webhooks, the status subresource, the Job controller, garbage collection and
+service-account tokens — so tests and ``unwind dev up`` run the real components, on free
+loopback ports chosen at run time, with everything (data, keys, logs, kubeconfig) in one
+work directory. Pids are kept in ``workdir/state.json`` so that another process
+(``unwind dev down``) can stop it with :func:`stop_from_dir`.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import secrets
+import signal
+import socket
+import ssl
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from types import TracebackType
+from typing import IO, Any
+
+import yaml
+
+from .build import BinPaths, ensure_binaries
+from .certs import write_pki
+from .procs import die_with_parent, pid_alive, pid_is_component, terminate
+
+STOP_ORDER = ("kube-controller-manager", "kube-apiserver", "etcd")  # API server before etcd
+
+
+class ControlPlaneError(RuntimeError):
+    """A component did not come up; the message carries the tail of its log."""
+
+
+def free_ports(n: int) -> list[int]:
+    """n distinct free loopback TCP ports (all bound at once, so they differ)."""
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def log_tail(path: Path, lines: int = 40) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+def make_token_kubeconfig(
+    server: str, ca: str | Path, token: str, path: str | Path, *,
+    user: str = "token-user", namespace: str | None = None,
+) -> Path:
+    """Write a kubeconfig that talks to ``server`` with a bearer ``token`` (e.g. a ServiceAccount's)."""
+    path = Path(path)
+    ca_data = base64.b64encode(Path(ca).read_bytes()).decode()
+    context: dict[str, Any] = {"cluster": "unwind-local", "user": user}
+    if namespace:
+        context["namespace"] = namespace
+    config = {
+        "apiVersion": "v1", "kind": "Config", "preferences": {},
+        "clusters": [{"name": "unwind-local",
+                      "cluster": {"server": server, "certificate-authority-data": ca_data}}],
+        "users": [{"name": user, "user": {"token": token}}],
+        "contexts": [{"name": "unwind-local", "context": context}],
+        "current-context": "unwind-local",
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    path.chmod(0o600)
+    return path
+
+
+def stop_from_dir(workdir: str | Path) -> bool:
+    """Stop a control plane started (possibly by another process) in workdir. True if one was found."""
+    workdir = Path(workdir).resolve()
+    state_file = workdir / "state.json"
+    if not state_file.exists():
+        return False
+    pids: dict[str, int] = json.loads(state_file.read_text()).get("pids", {})
+    for name in STOP_ORDER:
+        pid = pids.get(name)
+        if pid and pid_alive(pid) and pid_is_component(pid, name, workdir):
+            terminate(pid)
+    state_file.unlink(missing_ok=True)
+    return True
+
+
+class ControlPlane:
+    """etcd + kube-apiserver + kube-controller-manager on loopback. Use as a context manager.
+
+    ``with ControlPlane(workdir=tmp) as cp: ...`` or ``cp = ControlPlane(); cp.start(tmp); cp.stop()``.
+    """
+
+    def __init__(self, workdir: str | Path | None = None, bins: BinPaths | None = None, *,
+                 startup_timeout: float = 120.0, die_with_parent: bool = False) -> None:
+        self._workdir = Path(workdir).resolve() if workdir else None
+        self._bins = bins
+        self.startup_timeout = startup_timeout
+        self.die_with_parent = die_with_parent
+        self._procs: dict[str, subprocess.Popen[bytes]] = {}
+        self._state: dict[str, Any] = {}
+        self._server = ""
+        self._token = ""
+
+    # -- public properties -------------------------------------------------------------
+    @property
+    def workdir(self) -> Path:
+        if self._workdir is None:
+            raise ControlPlaneError("control plane not started")
+        return self._workdir
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.workdir / "kubeconfig"
+
+    @property
+    def server(self) -> str:
+        return self._server
+
+    @property
+    def admin_token(self) -> str:
+        return self._token
+
+    @property
+    def ca_file(self) -> Path:
+        return self.workdir / "pki" / "ca.crt"
+
+    @property
+    def pids(self) -> dict[str, int]:
+        return {name: p.pid for name, p in self._procs.items()}
+
+    def log_file(self, name: str) -> Path:
+        return self.workdir / "logs" / f"{name}.log"
+
+    # -- lifecycle -----------------------------------------------------------------------
+    def __enter__(self) -> ControlPlane:
+        if not self._procs:
+            self.start()
+        return self
+
+    def __exit__(self, et: type[BaseException] | None, ev: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.stop()
+
+    def start(self, workdir: str | Path | None = None) -> ControlPlane:
+        if workdir is not None:
+            self._workdir = Path(workdir).resolve()
+        if self._workdir is None:
+            import tempfile
+            self._workdir = Path(tempfile.mkdtemp(prefix="unwind-cp-"))
+        bins = self._bins or ensure_binaries()
+        wd = self.workdir
+        for sub in ("logs", "pki"):
+            (wd / sub).mkdir(parents=True, exist_ok=True)
+        try:
+            self._start(wd, bins)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _start(self, wd: Path, bins: BinPaths) -> None:
+        pki = write_pki(wd / "pki")
+        self._token = secrets.token_hex(24)
+        tokens = wd / "tokens.csv"
+        tokens.write_text(f'{self._token},admin,admin,"system:masters"\n')
+        tokens.chmod(0o600)
+        etcd_client, etcd_peer, api_port = free_ports(3)
+        self._server = f"https://127.0.0.1:{api_port}"
+        make_token_kubeconfig(self._server, pki.ca_cert, self._token, self.kubeconfig, user="admin")
+        self._state = {"server": self._server, "kubeconfig": str(self.kubeconfig), "pids": {},
+                       "ports": {"etcd": etcd_client, "etcd-peer": etcd_peer, "kube-apiserver": api_port}}
+
+        etcd_url = f"http://127.0.0.1:{etcd_client}"
+        self._spawn("etcd", [
+            str(bins.etcd), "--name", "unwind", "--data-dir", str(wd / "etcd"),
+            "--listen-client-urls", etcd_url, "--advertise-client-urls", etcd_url,
+            "--listen-peer-urls", f"http://127.0.0.1:{etcd_peer}",
+            "--initial-advertise-peer-urls", f"http://127.0.0.1:{etcd_peer}",
+            "--initial-cluster", f"unwind=http://127.0.0.1:{etcd_peer}",
+            "--log-level", "warn",
+        ])
+        self._wait("etcd", lambda: b"true" in self._get(f"{etcd_url}/health"))
+
+        self._spawn("kube-apiserver", [
+            str(bins.kube_apiserver),
+            f"--etcd-servers={etcd_url}",
+            "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1",
+            f"--secure-port={api_port}", "--insecure-port=0",
+            f"--cert-dir={wd / 'pki'}",
+            f"--tls-cert-file={pki.serving_cert}", f"--tls-private-key-file={pki.serving_key}",
+            f"--client-ca-file={pki.ca_cert}",
+            f"--token-auth-file={tokens}",
+            "--authorization-mode=RBAC",
+            f"--service-account-key-file={pki.sa_pub}",
+            f"--service-account-signing-key-file={pki.sa_key}",
+            "--service-account-issuer=https://kubernetes.default.svc",
+            "--service-cluster-ip-range=10.0.0.0/24",
+            "--enable-admission-plugins=MutatingAdmissionWebhook,ValidatingAdmissionWebhook",
+            "--endpoint-reconciler-type=none",  # 127.0.0.1 may not be an Endpoints address
+            "--allow-privileged=true", "--profiling=false",
+        ])
+        self._wait("kube-apiserver", lambda: self._get(f"{self._server}/readyz") == b"ok")
+
+        self._spawn("kube-controller-manager", [
+            str(bins.kube_controller_manager),
+            f"--kubeconfig={self.kubeconfig}",
+            f"--service-account-private-key-file={pki.sa_key}",
+            f"--root-ca-file={pki.ca_cert}",
+            "--leader-elect=false", "--controllers=*",
+            "--port=0", "--secure-port=0", "--bind-address=127.0.0.1",
+        ])
+        # the service-account controller making "default" shows the controller manager works
+        sa = f"{self._server}/api/v1/namespaces/default/serviceaccounts/default"
+        self._wait("kube-controller-manager", lambda: bool(self._get(sa)))
+
+    def _spawn(self, name: str, argv: list[str]) -> None:
+        sig = signal.SIGTERM if name == "etcd" else signal.SIGKILL
+        log: IO[bytes] = self.log_file(name).open("ab")
+        try:
+            self._procs[name] = subprocess.Popen(
+                argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                cwd=self.workdir, start_new_session=True,
+                preexec_fn=die_with_parent(sig) if self.die_with_parent else None,
+            )
+        finally:
+            log.close()
+        self._state["pids"][name] = self._procs[name].pid
+        tmp = self.workdir / "state.json.tmp"
+        tmp.write_text(json.dumps(self._state, indent=2) + "\n")
+        tmp.replace(self.workdir / "state.json")
+
+    def _get(self, url: str) -> bytes:
+        """Body of a 200 answer, or b"" for anything else."""
+        req = urllib.request.Request(url, headers={"Authorization": f"Bearer {self._token}"})
+        ctx = ssl.create_default_context(cafile=str(self.ca_file)) if url.startswith("https") else None
+        try:
+            with urllib.request.urlopen(req, timeout=5, context=ctx) as resp:
+                return resp.read() if resp.status == 200 else b""
+        except (urllib.error.URLError, OSError, ssl.SSLError):
+            return b""
+
+    def _wait(self, name: str, ready: Callable[[], bool]) -> None:
+        deadline = time.monotonic() + self.startup_timeout
+        proc = self._procs[name]
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise ControlPlaneError(
+                    f"{name} exited with code {proc.returncode} during start-up; "
+                    f"log {self.log_file(name)}:\n{log_tail(self.log_file(name))}")
+            if ready():
+                return
+            time.sleep(0.25)
+        raise ControlPlaneError(
+            f"{name} not ready after {self.startup_timeout:.0f}s; "
+            f"log {self.log_file(name)}:\n{log_tail(self.log_file(name))}")
+
+    def stop(self) -> None:
+        """Stop the components we started (API server before etcd); safe to call twice."""
+        for name in STOP_ORDER:
+            proc = self._procs.get(name)
+            if proc is not None and proc.poll() is None:
+                terminate(proc.pid, proc=proc)
+        self._procs.clear()
+        if self._workdir is not None:
+            (self._workdir / "state.json").unlink(missing_ok=True)
