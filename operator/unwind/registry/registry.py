@@ -1,0 +1,288 @@
+"""The registry: immutable, numbered versions of each tool's manifest over any storage.
+
+Every change is a new version: publishing, approving, deprecating and rolling back all
+append, none rewrites, so the history is the audit trail. The version number is part of
+the manifest (and so of its checksum and signature): a version cannot be passed off as
+another one. Operations that start from a stored version (approve, deprecate, rollback)
+check that version's checksum first, so an edited draft cannot be laundered into a freshly
+signed approved version.
+
+What a gateway enforces is :meth:`Registry.load`: the newest non-draft version of each
+tool. A draft never replaces the enforced version; it only becomes enforceable through an
+approval, which is a new version of its own.
+"""
+
+from __future__ import annotations
+
+import builtins
+import difflib
+import json
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+from typing import Any
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from ..manifest.canonical import checksum
+from ..manifest.model import ToolManifest
+from ..manifest.validate import validate_manifest, validate_set
+from .errors import Problem, RegistryError
+from .records import FormatError, IndexEntry, VersionRecord, check_version, index_json, parse_index
+from .signing import TrustStore, sign
+from .sources import Source, read_sources
+from .storage import Storage
+
+Entries = list[IndexEntry]
+Index = dict[str, Entries]
+# `Registry.list` shadows the builtin inside the class body, hence `builtins.list` there.
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """The version an operation wrote, or the newest one when nothing changed."""
+
+    record: VersionRecord
+    changed: bool = True
+
+
+@dataclass(frozen=True)
+class ToolSummary:
+    tool: str
+    newest: IndexEntry
+    enforced: IndexEntry | None  # the version load() returns, if any
+    versions: int = 1
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+class Registry:
+    def __init__(self, storage: Storage, clock: Callable[[], datetime] = _now) -> None:
+        self.storage = storage
+        self.clock = clock
+
+    # ---- reading ---------------------------------------------------------------------
+
+    def _index(self, must_exist: bool = False) -> Index:
+        data = self.storage.read_index()
+        if data is None and must_exist:
+            raise RegistryError("not_found", f"no registry at {self.storage.location()}: "
+                                "publish something first, or fix --registry")
+        try:
+            return parse_index(data)
+        except FormatError as exc:
+            raise RegistryError("tampered", f"{self.storage.location()}: {exc}") from exc
+
+    def _entries(self, tool: str) -> Entries:
+        entries = self._index().get(tool)
+        if not entries:
+            raise RegistryError("not_found", f"{tool} is not in the registry")
+        return entries
+
+    @staticmethod
+    def _entry(tool: str, entries: Entries, version: int) -> IndexEntry:
+        for e in entries:
+            if e.version == version:
+                return e
+        raise RegistryError("not_found", f"{tool} has no version {version} "
+                            f"(it has v1 to v{entries[-1].version})")
+
+    def _record(self, tool: str, version: int) -> VersionRecord:
+        try:
+            return VersionRecord.from_json(self.storage.read_version(tool, version))
+        except FormatError as exc:
+            raise RegistryError("tampered", f"{tool} v{version} "
+                                f"({self.storage.location(tool, version)}): {exc}") from exc
+
+    def _checked(self, tool: str, entry: IndexEntry, trust: TrustStore | None) -> tuple[
+            ToolManifest | None, builtins.list[Problem]]:
+        where = self.storage.location(tool, entry.version)
+        try:
+            data = self.storage.read_version(tool, entry.version)
+        except RegistryError as exc:
+            return None, [Problem(tool, entry.version, where, exc.code, exc.message)]
+        return check_version(tool, entry, data, where, trust)
+
+    def _checked_record(self, tool: str, entry: IndexEntry) -> VersionRecord:
+        """A stored version to build on, refused if it no longer matches its checksum."""
+        _, problems = self._checked(tool, entry, None)
+        if problems:
+            raise problems[0].error()
+        return self._record(tool, entry.version)
+
+    @staticmethod
+    def _enforced(entries: Sequence[IndexEntry]) -> IndexEntry | None:
+        return next((e for e in reversed(entries) if e.lifecycle != "draft"), None)
+
+    def history(self, tool: str) -> builtins.list[VersionRecord]:
+        return [self._record(tool, e.version) for e in self._entries(tool)]
+
+    def diff(self, tool: str, a: int, b: int) -> str:
+        """A unified diff of the two versions' manifests as pretty, key-sorted JSON."""
+        entries = self._entries(tool)
+        texts = [json.dumps(self._record(tool, self._entry(tool, entries, n).version).manifest,
+                            indent=2, sort_keys=True, ensure_ascii=False).splitlines(keepends=True)
+                 for n in (a, b)]
+        return "".join(difflib.unified_diff(texts[0], texts[1], f"{tool}@v{a}", f"{tool}@v{b}"))
+
+    def list(self) -> builtins.list[ToolSummary]:
+        return [ToolSummary(tool, entries[-1], self._enforced(entries), len(entries))
+                for tool, entries in sorted(self._index().items()) if entries]
+
+    def verify(self, trust: TrustStore | None = None) -> builtins.list[Problem]:
+        """Every version of every tool: file present, checksum, index agreement, signature."""
+        problems: builtins.list[Problem] = []
+        for tool, entries in sorted(self._index(must_exist=True).items()):
+            for entry in entries:
+                problems.extend(self._checked(tool, entry, trust)[1])
+        return problems
+
+    def load(self, trust: TrustStore | None = None) -> dict[str, ToolManifest]:
+        """The enforceable registry: the newest non-draft version of each tool, each checked
+        (and, with a trust store, required to carry a trusted signature), all-or-nothing."""
+        loaded: dict[str, ToolManifest] = {}
+        for tool, entries in sorted(self._index(must_exist=True).items()):
+            entry = self._enforced(entries)
+            if entry is None:
+                continue  # only drafts: absent, exactly like a tool with no manifest
+            manifest, problems = self._checked(tool, entry, trust)
+            if problems or manifest is None:
+                raise problems[0].error()
+            loaded[tool] = manifest
+        issues = validate_set(list(loaded.values()))
+        if issues:
+            raise RegistryError("invalid", "the registry's enforceable versions do not form a "
+                                "valid set: " + "; ".join(str(i) for i in issues))
+        return loaded
+
+    # ---- writing ---------------------------------------------------------------------
+
+    def publish(self, sources: Iterable[Source], by: str, status: str = "draft",
+                key: Ed25519PrivateKey | None = None, note: str | None = None) -> builtins.list[Outcome]:
+        """Add manifests (files, folders, models or mappings) as new versions with lifecycle
+        ``status``; a manifest equal to its tool's newest version is reported unchanged."""
+        if status not in ("draft", "approved"):
+            raise RegistryError("invalid", f"--status must be draft or approved, not {status!r}")
+        manifests = read_sources(sources)
+        index = self._index()
+        planned = [self._normalize(m.canonical_dict(), _next(index.get(m.tool)), status)
+                   for m in manifests]
+        self._check_set(planned, index, enforceable=status != "draft")
+        outcomes = []
+        for m in planned:
+            record = self._new_record(m, by, "publish", note, index.get(m.tool),
+                                      approved_by=by if status == "approved" else None)
+            outcomes.append(self._write(record, index, key))
+        return outcomes
+
+    def approve(self, tool: str, by: str, version: int | None = None, four_eyes: bool = False,
+                key: Ed25519PrivateKey | None = None, note: str | None = None) -> Outcome:
+        entries = self._entries(tool)
+        entry = entries[-1] if version is None else self._entry(tool, entries, version)
+        if entry.lifecycle != "draft":
+            hint = "" if version is not None else "; name an older draft with --version"
+            raise RegistryError("not_draft", f"{tool} v{entry.version} is {entry.lifecycle}, "
+                                f"not a draft: there is nothing to approve{hint}")
+        source = self._checked_record(tool, entry)
+        if four_eyes and source.by == by:
+            raise RegistryError("four_eyes", f"{tool} v{entry.version} was written by {by}, who "
+                                "may not approve it with --four-eyes: ask another person")
+        return self._derive(source, entries, by, "approve", "approved", {},
+                            note or f"approved from v{entry.version}", key,
+                            author=source.by, approved_by=by)
+
+    def deprecate(self, tool: str, by: str, replaced_by: str | None = None,
+                  key: Ed25519PrivateKey | None = None, note: str | None = None) -> Outcome:
+        index = self._index()
+        entries = self._entries(tool)
+        entry = self._enforced(entries)
+        if entry is None:
+            raise RegistryError("no_approved_version", f"{tool} has no approved version to "
+                                "deprecate: approve it first (a draft is not in force)")
+        if replaced_by is not None and self._enforced(index.get(replaced_by, [])) is None:
+            raise RegistryError("not_found", f"{tool} cannot be replaced by {replaced_by}: it has "
+                                "no approved version in the registry")
+        source = self._checked_record(tool, entry)
+        default = f"deprecated from v{entry.version}" + (f", use {replaced_by}" if replaced_by else "")
+        return self._derive(source, entries, by, "deprecate", "deprecated",
+                            {"replaced_by": replaced_by}, note or default, key,
+                            author=by, approved_by=source.approved_by)
+
+    def rollback(self, tool: str, n: int, by: str, key: Ed25519PrivateKey | None = None,
+                 note: str | None = None) -> Outcome:
+        """Publish version ``n`` again as the newest version; nothing is removed."""
+        entries = self._entries(tool)
+        source = self._checked_record(tool, self._entry(tool, entries, n))
+        return self._derive(source, entries, by, "rollback", source.lifecycle, {},
+                            note or f"rollback to v{n}", key, author=by,
+                            approved_by=source.approved_by)
+
+    def _derive(self, source: VersionRecord, entries: Entries, by: str, action: str,
+                lifecycle: str, changes: dict[str, Any], note: str,
+                key: Ed25519PrivateKey | None, author: str, approved_by: str | None) -> Outcome:
+        data = {k: v for k, v in {**source.manifest, **changes}.items() if v is not None}
+        manifest = self._normalize(data, _next(entries), lifecycle)
+        index = self._index()
+        self._check_set([manifest], index, enforceable=lifecycle != "draft")
+        record = self._new_record(manifest, author, action, note, entries, approved_by,
+                                  source.version)
+        return self._write(record, index, key)
+
+    @staticmethod
+    def _normalize(data: dict[str, Any], version: int, lifecycle: str) -> ToolManifest:
+        manifest, issues = validate_manifest({**data, "version": version, "lifecycle": lifecycle})
+        if manifest is None or issues:
+            raise RegistryError("invalid", "; ".join(str(i) for i in issues))
+        return manifest
+
+    def _check_set(self, written: builtins.list[ToolManifest], index: Index,
+                   enforceable: bool) -> None:
+        """Validate what is written together with the other tools as they would then be
+        seen: drafts are checked against every tool's newest version, enforceable
+        versions against what ``load`` would return. Only the written tools' issues count:
+        a problem elsewhere is not this operation's to fix."""
+        names = {m.tool for m in written}
+        others: builtins.list[ToolManifest] = []
+        for tool, entries in sorted(index.items()):
+            entry = self._enforced(entries) if enforceable else (entries[-1] if entries else None)
+            if tool in names or entry is None:
+                continue
+            manifest, _ = self._checked(tool, entry, None)
+            if manifest is not None:
+                others.append(manifest)
+        issues = [i for i in validate_set([*written, *others]) if i.tool in names]
+        if issues:
+            raise RegistryError("invalid", "; ".join(str(i) for i in issues))
+
+    def _new_record(self, manifest: ToolManifest, by: str, action: str, note: str | None,
+                    entries: Entries | None, approved_by: str | None = None,
+                    source_version: int | None = None) -> VersionRecord:
+        if not by.strip():
+            raise RegistryError("invalid", "who made the change is required: pass --by")
+        data = manifest.canonical_dict()
+        return VersionRecord(
+            tool=manifest.tool, version=manifest.version, lifecycle=str(manifest.lifecycle),
+            checksum=checksum(data), created=self.clock().strftime("%Y-%m-%dT%H:%M:%SZ"),
+            by=by, action=action, manifest=data, approved_by=approved_by, note=note,
+            source_version=source_version)
+
+    def _write(self, record: VersionRecord, index: Index,
+               key: Ed25519PrivateKey | None) -> Outcome:
+        entries = index.get(record.tool, [])
+        if entries:
+            # Unchanged when the same content, numbered like the newest version, gives the
+            # newest version's checksum: republishing a file is then a no-op.
+            same = {**record.manifest, "version": entries[-1].version}
+            if checksum(same) == entries[-1].checksum:
+                return Outcome(self._record(record.tool, entries[-1].version), changed=False)
+        if key is not None:
+            record = replace(record, signature=sign(key, record.message))
+        index[record.tool] = [*entries, record.index_entry()]
+        self.storage.write_version(record.tool, record.version, record.to_json(), index_json(index))
+        return Outcome(record)
+
+
+def _next(entries: Entries | None) -> int:
+    return entries[-1].version + 1 if entries else 1

@@ -1,0 +1,116 @@
+"""Tampering with a registry is refused by load, named by tool and version, and makes
+`unwind manifests verify` exit 1."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from unwind.registry import FolderStorage, Registry, RegistryError, TrustStore
+
+from .cli import run
+
+TOOL = "stripe.refund"
+FILE = "tools/stripe%2Erefund"
+
+
+@pytest.fixture
+def signed(tmp_path: Path) -> tuple[Path, Ed25519PrivateKey]:
+    """A registry with two signed approved versions of one tool, and the trusted key file."""
+    key = Ed25519PrivateKey.generate()
+    (tmp_path / "trusted.pub").write_bytes(key.public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
+    registry = Registry(FolderStorage(tmp_path / "reg"))
+    for permission in ("payments:refund", "payments:refund-v2"):
+        registry.publish([{"tool": TOOL, "effect": "idempotent", "permission": permission}],
+                         by="alice", status="approved", key=key)
+    return tmp_path, key
+
+
+def _refused(root: Path, key: Ed25519PrivateKey, version: int) -> RegistryError:
+    with pytest.raises(RegistryError) as err:
+        Registry(FolderStorage(root / "reg")).load(TrustStore([key.public_key()]))
+    assert f"{TOOL} v{version}" in err.value.message
+    assert f"{FILE}/v{version}.json" in err.value.message
+    return err.value
+
+
+def _verify_exits_1(root: Path, capsys: pytest.CaptureFixture[str], version: int) -> str:
+    code, _, err = run(capsys, "manifests", "verify", "--registry", str(root / "reg"),
+                       "--trust", str(root / "trusted.pub"))
+    assert code == 1 and f"error: {TOOL} v{version} (" in err
+    return err
+
+
+def _edit(path: Path, change: dict[str, object], manifest: bool = False) -> None:
+    record = json.loads(path.read_text())
+    (record["manifest"] if manifest else record).update(change)
+    path.write_text(json.dumps(record))
+
+
+def test_editing_a_stored_version_is_refused(signed: tuple[Path, Ed25519PrivateKey],
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    root, key = signed
+    _edit(root / "reg" / FILE / "v2.json", {"permission": "payments:admin"}, manifest=True)
+    assert _refused(root, key, 2).code == "tampered"
+    assert "no longer matches its checksum" in _verify_exits_1(root, capsys, 2)
+
+
+def test_editing_a_version_and_its_checksum_still_fails_the_index_and_signature(
+        signed: tuple[Path, Ed25519PrivateKey], capsys: pytest.CaptureFixture[str]) -> None:
+    root, key = signed
+    path = root / "reg" / FILE / "v2.json"
+    record = json.loads(path.read_text())
+    record["manifest"]["permission"] = "payments:admin"
+    from unwind.manifest.canonical import checksum
+    record["checksum"] = checksum(record["manifest"])
+    path.write_text(json.dumps(record))
+    assert _refused(root, key, 2).code == "tampered"
+    assert "differs from the one in index.json" in _verify_exits_1(root, capsys, 2)
+
+
+def test_swapping_a_signature_between_versions_is_refused(
+        signed: tuple[Path, Ed25519PrivateKey], capsys: pytest.CaptureFixture[str]) -> None:
+    root, key = signed
+    index_path = root / "reg" / "index.json"
+    index = json.loads(index_path.read_text())
+    first, second = index["tools"][TOOL]
+    second["signature"] = first["signature"]
+    index_path.write_text(json.dumps(index))
+    _edit(root / "reg" / FILE / "v2.json", {"signature": first["signature"]})
+    assert _refused(root, key, 2).code == "bad_signature"
+    assert "does not verify" in _verify_exits_1(root, capsys, 2)
+
+
+def test_signing_with_an_untrusted_key_is_refused(signed: tuple[Path, Ed25519PrivateKey],
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    root, key = signed
+    Registry(FolderStorage(root / "reg")).publish(
+        [{"tool": TOOL, "effect": "idempotent", "permission": "x"}], by="mallory",
+        status="approved", key=Ed25519PrivateKey.generate())
+    assert _refused(root, key, 3).code == "untrusted"
+    assert "not a trusted key" in _verify_exits_1(root, capsys, 3)
+
+
+def test_an_unsigned_version_is_refused_while_a_key_is_trusted(
+        signed: tuple[Path, Ed25519PrivateKey], capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    root, key = signed
+    Registry(FolderStorage(root / "reg")).rollback(TOOL, 1, by="bob")  # no --key: unsigned
+    assert _refused(root, key, 3).code == "unsigned"
+    assert "is not signed" in _verify_exits_1(root, capsys, 3)
+    monkeypatch.setenv("UNWIND_MANIFEST_PUBLIC_KEY", str(root / "trusted.pub"))
+    code, _, err = run(capsys, "manifests", "verify", "--registry", str(root / "reg"))
+    assert code == 1 and f"{TOOL} v3" in err
+
+
+def test_a_deleted_version_file_is_reported(signed: tuple[Path, Ed25519PrivateKey],
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    root, _ = signed
+    (root / "reg" / FILE / "v1.json").unlink()
+    assert "missing" in [p.code for p in Registry(FolderStorage(root / "reg")).verify()]
+    _verify_exits_1(root, capsys, 1)
