@@ -6,7 +6,8 @@ operator's ServiceAccount, so the least-privilege claims are checked by Kubernet
 not by reading YAML. There is no kubelet: the operator pod stays Pending, so the
 install does not wait for it.
 
-Skipped when the control-plane binaries are not built yet (CI=true builds them).
+Skipped, with the reason, when the control-plane binaries are not built yet outside CI;
+under CI=true they are built, and a failure to build fails the tests.
 """
 
 from __future__ import annotations
@@ -16,14 +17,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import helm_python as helm
 import pytest
+from kubernetes import client
+from kubernetes import config as k8s_config
 
-helm = pytest.importorskip("helm_python", reason="helm-python-sdk is not installed")
-client = pytest.importorskip("kubernetes.client")
-k8s_config = pytest.importorskip("kubernetes.config")
-
-from unwind.controlplane import ControlPlane, ensure_binaries  # noqa: E402
-from unwind.controlplane.build import cached_binaries  # noqa: E402
+from unwind.controlplane import ControlPlane, ensure_binaries
+from unwind.controlplane.build import cached_binaries
 
 pytestmark = pytest.mark.cluster
 

@@ -100,3 +100,25 @@ def test_the_committed_crds_and_the_charts_copy_are_what_the_generator_writes(tm
             committed = ROOT / folder / generated.name
             assert committed.read_text() == generated.read_text(), (
                 f"{committed} is stale: run `unwind crds` and commit")
+
+
+def test_the_example_contract_tests_pass_and_cover_every_example_tool(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["test", str(ROOT / "tests" / "contracts"), "-m", str(ROOT / "manifests"), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["failed"] == 0 and report["passed"] >= 20
+    assert report["not_covered"] == []
+
+
+def test_the_examples_lint_clean_under_strict(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["lint", "--strict", "--json", str(ROOT / "manifests")]) == 0
+    assert json.loads(capsys.readouterr().out) == {"findings": [], "errors": 0, "warnings": 0, "notes": 0}
+
+
+def test_lint_json_reports_findings_with_their_levels(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "m.yaml"
+    path.write_text("- {tool: a.write, effect: idempotent, permission: p}\n")
+    assert main(["lint", "--json", "--strict", str(path)]) == 1
+    report = json.loads(capsys.readouterr().out)
+    assert {"code": "L011", "level": "warning", "tool": "a.write",
+            "message": report["findings"][1]["message"]} in report["findings"]
+    assert report["errors"] == 0 and report["warnings"] >= 2

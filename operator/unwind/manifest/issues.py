@@ -51,7 +51,10 @@ def _input_path(data: Any, loc: tuple[int | str, ...]) -> tuple[str | int, ...]:
     path: list[str | int] = []
     current = data
     for part in loc:
-        if (isinstance(current, dict) and part in current) or (isinstance(current, list) and isinstance(part, int) and part < len(current)):
+        if isinstance(current, dict) and part in current:  # noqa: SIM114 - separate for mypy narrowing
+            current = current[part]
+            path.append(part)
+        elif isinstance(current, list) and isinstance(part, int) and part < len(current):
             current = current[part]
             path.append(part)
         elif isinstance(part, str) and (part in _BRANCH_NAMES or "[" in part or part[:1].isupper()):

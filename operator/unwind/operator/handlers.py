@@ -117,6 +117,12 @@ def build_registry(config: Config, api: client.ApiClient) -> kopf.OperatorRegist
 
     namespaces = Namespaces(reconcile, config.bundle_window)
 
+    @kopf.on.login(registry=registry)
+    def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+        # A private registry gets none of kopf's default login handlers: use the same
+        # credentials as the Kubernetes client (in-cluster, then $KUBECONFIG).
+        return kopf.login_via_client(**kwargs)
+
     @kopf.on.startup(registry=registry)
     async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
         settings.posting.level = logging.WARNING

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Run Unwind for real on this machine: install, start the local control plane (etcd,
+# kube-apiserver, kube-controller-manager) with the CRDs, the Helm chart and the operator,
+# then `kubectl apply -f manifests/` and wait until every ToolManifest is Ready.
+# Stop it with: .venv/bin/unwind dev down
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+bash scripts/install.sh
+.venv/bin/unwind dev up --dir .dev
+export KUBECONFIG="$root/.dev/cluster/kubeconfig"
+kubectl apply -f manifests/
+kubectl wait --for=condition=Ready toolmanifests --all -A --timeout=120s
+kubectl get toolmanifests -A
+echo
+echo "export KUBECONFIG=$KUBECONFIG    # to use kubectl against it"

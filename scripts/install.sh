@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Install everything Unwind's tests and `unwind dev up` need, on a fresh Debian machine:
+# a virtualenv with the project and its dev tools, the Debian packages (etcd, kubectl, Go),
+# and kube-apiserver + kube-controller-manager built from Debian's source package (cached in
+# ~/.cache/unwind, so a machine that built them once goes fast). Safe to run again.
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+python="${PYTHON:-python3}"
+if [ ! -x .venv/bin/python ]; then
+  "$python" -m venv .venv
+fi
+stamp=".venv/.installed-$(sha256sum pyproject.toml | cut -c1-16)"
+if [ ! -f "$stamp" ]; then
+  .venv/bin/pip install --quiet --upgrade pip
+  .venv/bin/pip install --quiet -e '.[dev]'
+  rm -f .venv/.installed-* && touch "$stamp"
+fi
+.venv/bin/python -m unwind.controlplane.build

@@ -1,0 +1,233 @@
+"""The operator on the real control plane, installed by the Helm chart and running under
+the chart's ServiceAccount token, so a missing RBAC rule fails these tests."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client
+
+from unwind.bundle import BUNDLE_NAME, BundleError, load_bundle
+from unwind.controlplane import ControlPlane
+from unwind.controlplane.dev import (
+    OPERATOR_NAMESPACE,
+    OperatorProcess,
+    install_chart,
+    install_crds,
+    kubectl,
+    service_account_kubeconfig,
+)
+from unwind.registry.signing import TrustStore
+
+ROOT = Path(__file__).resolve().parents[2]
+GROUP, VERSION, PLURAL = "unwind.dev", "v1alpha1", "toolmanifests"
+
+
+@pytest.fixture(scope="session")
+def operator(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Iterator[OperatorProcess]:
+    install_crds(control_plane.kubeconfig)
+    install_chart(control_plane.kubeconfig, {"operator": {"bundleWindowSeconds": 0.3}})
+    work = tmp_path_factory.mktemp("operator")
+    sa = service_account_kubeconfig(control_plane, work / "sa.kubeconfig")
+    op = OperatorProcess(sa, work / "operator.log", ("--bundle-window=0.3",)).start()
+    try:
+        yield op
+    finally:
+        op.stop()
+
+
+def wait_for(what: str, check: Callable[[], Any], timeout: float = 30.0) -> Any:
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        try:
+            last = check()
+        except (client.ApiException, KeyError, StopIteration, BundleError) as exc:
+            last = exc
+        if last and not isinstance(last, Exception):
+            return last
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}; last: {last!r}")
+
+
+def tm(name: str, spec: dict[str, Any]) -> dict[str, Any]:
+    return {"apiVersion": f"{GROUP}/{VERSION}", "kind": "ToolManifest", "metadata": {"name": name},
+            "spec": spec}
+
+
+def apply(kubeconfig: Path, namespace: str, *objs: dict[str, Any]) -> None:
+    kubectl(kubeconfig, "-n", namespace, "apply", "-f", "-",
+            input_text=yaml.safe_dump_all(objs))
+
+
+def get(api: client.ApiClient, namespace: str, name: str) -> dict[str, Any]:
+    return client.CustomObjectsApi(api).get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+
+
+def condition(obj: dict[str, Any], type_: str) -> dict[str, Any]:
+    return next(c for c in obj.get("status", {}).get("conditions", []) if c["type"] == type_)
+
+
+def settled(api: client.ApiClient, namespace: str, name: str) -> dict[str, Any] | None:
+    obj = get(api, namespace, name)
+    status = obj.get("status") or {}
+    return obj if status.get("observedGeneration") == obj["metadata"]["generation"] else None
+
+
+def bundle(api: client.ApiClient, namespace: str) -> dict[str, dict[str, str]]:
+    cms = client.CoreV1Api(api).list_namespaced_config_map(namespace, label_selector="unwind.dev/bundle")
+    return {cm.metadata.name: dict(cm.data or {}) for cm in cms.items}
+
+
+def trust(api: client.ApiClient) -> TrustStore:
+    cm = client.CoreV1Api(api).read_namespaced_config_map("unwind-trust", OPERATOR_NAMESPACE)
+    return TrustStore.from_pem_text("\n".join(cm.data.values()))
+
+
+def enforced(api: client.ApiClient, namespace: str) -> dict[str, int]:
+    return {t: m.version for t, m in load_bundle(bundle(api, namespace), trust(api)).items()}
+
+
+READ = {"tool": "shop.get_order", "effect": "read_only", "permission": "shop:read"}
+CANCEL = {"tool": "shop.cancel_order", "effect": "idempotent", "permission": "shop:write"}
+CREATE = {"tool": "shop.create_order", "effect": "compensable", "permission": "shop:write",
+          "compensation": {"tool": "shop.cancel_order", "argument_map": {"id": "$result.id"}}}
+
+
+def test_applying_the_examples_makes_every_manifest_ready_signed_and_published(
+        operator: OperatorProcess, kubeconfig: Path, k8s_api: client.ApiClient) -> None:
+    started = time.monotonic()
+    subprocess.run(["kubectl", f"--kubeconfig={kubeconfig}", "apply", "-f", str(ROOT / "manifests")],
+                   check=True, capture_output=True)
+    kubectl(kubeconfig, "wait", "--for=condition=Ready", "toolmanifests", "--all", "-A", "--timeout=60s")
+    took = time.monotonic() - started
+    for ns in ("payments", "code-hosting"):
+        items = client.CustomObjectsApi(k8s_api).list_namespaced_custom_object(GROUP, VERSION, ns, PLURAL)["items"]
+        for obj in items:
+            for type_ in ("Valid", "Approved", "Signed", "Published", "Ready"):
+                assert condition(obj, type_)["status"] == "True", (obj["metadata"]["name"], type_)
+        assert set(enforced(k8s_api, ns)) == {o["spec"]["tool"] for o in items}
+    assert took < 30, f"took {took:.1f}s"
+    table = kubectl(kubeconfig, "-n", "payments", "get", "toolmanifests")
+    assert table.split()[:7] == ["NAME", "TOOL", "EFFECT", "LIFECYCLE", "VERSION", "READY", "AGE"]
+    row = next(line.split() for line in table.splitlines() if "stripe.create_charge" in line)
+    assert row[1:6] == ["stripe.create_charge", "compensable", "approved", "1", "True"]
+    assert "unwind" in kubectl(kubeconfig, "api-resources", "--categories=unwind")
+
+
+def test_an_invalid_manifest_gets_valid_false_with_the_field_path_and_stays_out(
+        operator: OperatorProcess, kubeconfig: Path, k8s_api: client.ApiClient, namespace: str) -> None:
+    bad = {**CANCEL, "tool": "shop.retry_create", "effect": "compensable", "retry": {"attempts": 2},
+           "compensation": {"tool": "shop.cancel_order"}}
+    apply(kubeconfig, namespace, tm("cancel", CANCEL), tm("bad", bad))
+    obj = wait_for("bad settled", lambda: settled(k8s_api, namespace, "bad"))
+    valid = condition(obj, "Valid")
+    assert valid["status"] == "False" and valid["reason"] == "ValidationFailed"
+    assert "retry: retrying a compensable tool could repeat its effect" in valid["message"]
+    assert condition(obj, "Ready")["status"] == "False"
+    wait_for("bundle", lambda: enforced(k8s_api, namespace) == {"shop.cancel_order": 1})
+    events = client.CoreV1Api(k8s_api).list_namespaced_event(namespace, field_selector="involvedObject.name=bad")
+    assert any(e.type == "Warning" and e.reason == "ValidationFailed" for e in events.items)
+
+
+def test_a_misspelled_field_is_kept_by_the_api_server_and_refused_by_the_validator(
+        operator: OperatorProcess, kubeconfig: Path, k8s_api: client.ApiClient, namespace: str) -> None:
+    apply(kubeconfig, namespace, tm("typo", {**READ, "compensation": None, "permision": "x"}))
+    obj = wait_for("typo settled", lambda: settled(k8s_api, namespace, "typo"))
+    assert obj["spec"]["permision"] == "x"  # not pruned
+    assert "permision: unknown field 'permision' (did you mean 'permission'?)" in condition(obj, "Valid")["message"]
+
+
+def test_an_invalid_edit_keeps_the_last_good_version_in_the_bundle(
+        operator: OperatorProcess, kubeconfig: Path, k8s_api: client.ApiClient, namespace: str) -> None:
+    apply(kubeconfig, namespace, tm("read", READ), tm("cancel", CANCEL), tm("create", CREATE))
+    wait_for("published", lambda: enforced(k8s_api, namespace).get("shop.create_order") == 1)
+    apply(kubeconfig, namespace, tm("create", {**CREATE, "compensation": {**CREATE["compensation"],
+                                                                          "kind": "inverse", "residue": ["x"]}}))
+    obj = wait_for("edit settled", lambda: settled(k8s_api, namespace, "create"))
+    assert "compensation.residue" in condition(obj, "Valid")["message"]
+    assert condition(obj, "Published")["reason"] == "LastGoodVersionPublished"
+    assert enforced(k8s_api, namespace)["shop.create_order"] == 1
+    apply(kubeconfig, namespace, tm("create", {**CREATE, "description": "Create an order."}))
+    wait_for("version 2", lambda: enforced(k8s_api, namespace).get("shop.create_order") == 2)
+
+
+def test_a_draft_is_not_in_the_bundle(
+        operator: OperatorProcess, kubeconfig: Path, k8s_api: client.ApiClient, namespace: str) -> None:
+    apply(kubeconfig, namespace, tm("read", READ), tm("cancel", {**CANCEL, "lifecycle": "draft"}))
+    obj = wait_for("draft ready", lambda: settled(k8s_api, namespace, "cancel"))
+    assert condition(obj, "Ready")["reason"] == "DraftRecorded"
+    wait_for("bundle", lambda: enforced(k8s_api, namespace) == {"shop.get_order": 1})
+
+
+def test_a_hand_edited_bundle_is_detected_and_rewritten(
+        operator: OperatorProcess, kubeconfig: Path, k8s_api: client.ApiClient, namespace: str) -> None:
+    apply(kubeconfig, namespace, tm("read", READ))
+    wait_for("published", lambda: enforced(k8s_api, namespace) == {"shop.get_order": 1})
+    good = bundle(k8s_api, namespace)
+    key = next(k for k in good[BUNDLE_NAME] if k != "index.json")
+    tampered = good[BUNDLE_NAME][key].replace("shop:read", "shop:admin")
+    client.CoreV1Api(k8s_api).patch_namespaced_config_map(BUNDLE_NAME, namespace, {"data": {key: tampered}})
+    wait_for("rewritten", lambda: bundle(k8s_api, namespace) == good)
+
+
+def test_deleting_a_manifest_removes_it_from_the_bundle(
+        operator: OperatorProcess, kubeconfig: Path, k8s_api: client.ApiClient, namespace: str) -> None:
+    apply(kubeconfig, namespace, tm("read", READ), tm("cancel", CANCEL))
+    wait_for("both", lambda: len(enforced(k8s_api, namespace)) == 2)
+    kubectl(kubeconfig, "-n", namespace, "delete", "toolmanifest", "cancel")
+    wait_for("removed", lambda: enforced(k8s_api, namespace) == {"shop.get_order": 1})
+
+
+def revisions(api: client.ApiClient, namespace: str) -> list[str]:
+    items = client.AppsV1Api(api).list_namespaced_controller_revision(namespace).items
+    return sorted(r.metadata.name for r in items)
+
+
+def test_the_operator_killed_and_restarted_converges_without_extra_versions(
+        operator: OperatorProcess, kubeconfig: Path, k8s_api: client.ApiClient, namespace: str) -> None:
+    apply(kubeconfig, namespace, tm("read", READ), tm("cancel", CANCEL), tm("create", CREATE))
+    wait_for("published", lambda: len(enforced(k8s_api, namespace)) == 3)
+    before = (revisions(k8s_api, namespace), bundle(k8s_api, namespace),
+              {n: get(k8s_api, namespace, n)["status"] for n in ("read", "cancel", "create")})
+    operator.stop(sig=9)
+    apply(kubeconfig, namespace, tm("create", {**CREATE, "description": "changed while down"}))
+    operator.start()
+    wait_for("version 2", lambda: enforced(k8s_api, namespace).get("shop.create_order") == 2)
+    apply(kubeconfig, namespace, tm("create", CREATE))  # back to the first spec
+    wait_for("version 1 again", lambda: enforced(k8s_api, namespace).get("shop.create_order") == 1)
+    operator.stop(sig=9)
+    operator.start()
+    time.sleep(2)  # a restarted operator re-lists everything; give it time to (not) write
+    after = (revisions(k8s_api, namespace), bundle(k8s_api, namespace),
+             {n: get(k8s_api, namespace, n)["status"] for n in ("read", "cancel")})
+    assert len(after[0]) == len(before[0]) + 1  # only the one real edit made a version
+    assert after[1] == before[1]
+    assert after[2] == {k: before[2][k] for k in ("read", "cancel")}
+
+
+def test_the_signing_key_lives_in_a_secret_and_its_public_half_in_the_trust_configmap(
+        operator: OperatorProcess, k8s_api: client.ApiClient) -> None:
+    secret = client.CoreV1Api(k8s_api).read_namespaced_secret("unwind-signing-key", OPERATOR_NAMESPACE)
+    assert "private.pem" in secret.data
+    assert len(trust(k8s_api)) >= 1
+
+
+def test_the_served_schema_carries_descriptions_for_kubectl_explain(
+        operator: OperatorProcess, kubeconfig: Path) -> None:
+    # Kubernetes 1.20 publishes OpenAPI v2, which drops everything under a field that keeps
+    # unknown fields, so `kubectl explain` stops at spec here; clusters serving OpenAPI v3
+    # (1.27+) explain the whole tree from the same schema, which the API server holds.
+    assert "One tool an agent may call" in kubectl(kubeconfig, "explain", "toolmanifest.spec")
+    crd = json.loads(kubectl(kubeconfig, "get", "crd", "toolmanifests.unwind.dev", "-o", "json"))
+    spec = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    assert spec["properties"]["compensation"]["description"].startswith("Required for reversible")
+    assert "argument_map" in spec["properties"]["compensation"]["properties"]
+    assert crd["spec"]["names"]["shortNames"] == ["tm"]
