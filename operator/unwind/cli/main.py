@@ -111,7 +111,7 @@ def cmd_crds(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="unwind", description=__doc__.splitlines()[0] if __doc__ else None)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -144,29 +144,40 @@ def build_parser() -> argparse.ArgumentParser:
                    "charts/unwind/crds/)")
     p.set_defaults(func=cmd_crds)
 
-    _register_optional(sub)
+    _register_optional(sub, command if command in _MODULE_COMMANDS else None)
     return parser
 
 
-def _register_optional(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Commands from the registry, editor, operator and control plane packages."""
+# Commands that live in other modules, imported only when needed, so that `unwind operator`
+# does not carry the editor or the registry client in a long-running process.
+_MODULE_COMMANDS = {"keygen": ("registry_cmds",), "manifests": ("registry_cmds", "edit_cmds"),
+                    "operator": ("cluster_cmds",), "dev": ("cluster_cmds",)}
+
+
+def _register_optional(sub: argparse._SubParsersAction[argparse.ArgumentParser],
+                       command: str | None = None) -> None:
+    """Register the commands of other modules: only the one for ``command`` when given."""
     import importlib
 
-    manifests = sub.add_parser("manifests", help="registry and editing commands")
-    msub = manifests.add_subparsers(dest="manifests_command", required=True, metavar="COMMAND")
-    for module, hooks in (("registry_cmds", (("register_keygen", sub), ("register_manifests", msub))),
-                          ("edit_cmds", (("register", msub),)),
-                          ("cluster_cmds", (("register", sub),))):
-        try:
-            mod = importlib.import_module(f"{__package__}.{module}")
-        except ModuleNotFoundError:
-            continue
-        for hook, target in hooks:
-            getattr(mod, hook)(target)
+    wanted = {m for c, ms in _MODULE_COMMANDS.items() if command in (None, c) for m in ms}
+    modules = {m: importlib.import_module(f"{__package__}.{m}") for m in sorted(wanted)}
+    if "registry_cmds" in modules:
+        modules["registry_cmds"].register_keygen(sub)
+    if "registry_cmds" in modules or "edit_cmds" in modules:
+        manifests = sub.add_parser("manifests", help="registry and editing commands")
+        msub = manifests.add_subparsers(dest="manifests_command", required=True, metavar="COMMAND")
+        for name in ("registry_cmds", "edit_cmds"):
+            if name in modules:
+                register = getattr(modules[name], "register_manifests", None) or modules[name].register
+                register(msub)
+    if "cluster_cmds" in modules:
+        modules["cluster_cmds"].register(sub)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    command = next((a for a in argv if not a.startswith("-")), None)
+    parser = build_parser(command)
     args = parser.parse_args(argv)
     try:
         code: int = args.func(args)

@@ -127,6 +127,11 @@ def build_registry(config: Config, api: client.ApiClient) -> kopf.OperatorRegist
     async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
         settings.posting.level = logging.WARNING
         settings.watching.server_timeout = 300
+        # Our handlers only mark a namespace dirty, so a per-object worker has nothing to wait
+        # for: let idle workers go at once and cap them, so a burst of 1000 applies does not
+        # hold 1000 object bodies in memory.
+        settings.queueing.idle_timeout = 0.5
+        settings.queueing.worker_limit = 200
         key = await asyncio.to_thread(ensure_signing_key, kube.core, config.operator_namespace)
         state["kid"] = await asyncio.to_thread(publish_trust, kube.core, config.operator_namespace, key)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -20,7 +20,7 @@ from kubernetes.client.exceptions import ApiException
 from .. import API_GROUP, API_VERSION
 from ..api.conditions import now_rfc3339
 from ..bundle import BUNDLE_NAME, SHARD_PREFIX, BundleData
-from .reconcile import Event, ManifestObject, Revision
+from .reconcile import APPLIED_BY, Event, ManifestObject, Revision
 
 log = logging.getLogger("unwind.operator")
 PLURAL = "toolmanifests"
@@ -29,6 +29,23 @@ BUNDLE_LABEL = "unwind.dev/bundle"
 OWNER_LABEL = "unwind.dev/toolmanifest-uid"
 CHECKSUM_ANNOTATION = "unwind.dev/checksum"
 COMPONENT = "unwind-operator"
+PAGE = 250
+
+
+def _json(response: Any) -> Any:
+    try:
+        return json.loads(response.data)
+    finally:
+        response.release_conn()
+
+
+def _discard(response: Any) -> None:
+    """Read and drop an answer we do not need (an unread body would poison the pooled
+    connection for the next request)."""
+    try:
+        response.read()
+    finally:
+        response.release_conn()
 
 
 class Kube:
@@ -41,27 +58,42 @@ class Kube:
 
     # ---- gather ---------------------------------------------------------------------
     def snapshot(self, namespace: str) -> tuple[list[ManifestObject], list[Revision], BundleData, dict[str, str]]:
-        items = self.custom.list_namespaced_custom_object(API_GROUP, API_VERSION, namespace, PLURAL)["items"]
+        """One consistent view of the namespace: paged LISTs (later pages are served from
+        the first page's resourceVersion), each page reduced to what the plan reads before
+        the next is fetched, so a large namespace never sits in memory as raw objects."""
         manifests = [ManifestObject(
             name=i["metadata"]["name"], uid=i["metadata"]["uid"],
             generation=int(i["metadata"].get("generation") or 0), spec=i.get("spec"),
-            status=i.get("status") or {}, annotations=i["metadata"].get("annotations") or {},
-            created=i["metadata"].get("creationTimestamp") or "") for i in items]
-        revs = self.apps.list_namespaced_controller_revision(
-            namespace, label_selector=f"{OWNER_LABEL}", _preload_content=False)
+            status=i.get("status") or {},
+            annotations={k: v for k, v in (i["metadata"].get("annotations") or {}).items() if k == APPLIED_BY},
+            created=i["metadata"].get("creationTimestamp") or "")
+            for i in self._pages(self.custom.list_namespaced_custom_object,
+                                 API_GROUP, API_VERSION, namespace, PLURAL)]
         revisions = []
-        for r in json.loads(revs.data)["items"]:
+        for r in self._pages(self.apps.list_namespaced_controller_revision, namespace,
+                             label_selector=OWNER_LABEL):
             meta = r["metadata"]
             owner = next((o for o in meta.get("ownerReferences") or [] if o.get("kind") == "ToolManifest"), None)
-            if owner is None:
-                continue
-            revisions.append(Revision(meta["name"], owner["name"], owner["uid"], int(r["revision"]),
-                                      (meta.get("annotations") or {}).get(CHECKSUM_ANNOTATION, ""),
-                                      r.get("data") or {}))
-        cms = self.core.list_namespaced_config_map(namespace, label_selector=BUNDLE_LABEL)
-        bundle = {cm.metadata.name: dict(cm.data or {}) for cm in cms.items}
-        versions = {cm.metadata.name: cm.metadata.resource_version for cm in cms.items}
+            if owner is not None:
+                revisions.append(Revision(meta["name"], owner["name"], owner["uid"], int(r["revision"]),
+                                          (meta.get("annotations") or {}).get(CHECKSUM_ANNOTATION, ""),
+                                          r.get("data") or {}))
+        cms = list(self._pages(self.core.list_namespaced_config_map, namespace, label_selector=BUNDLE_LABEL))
+        bundle = {cm["metadata"]["name"]: dict(cm.get("data") or {}) for cm in cms}
+        versions = {cm["metadata"]["name"]: cm["metadata"]["resourceVersion"] for cm in cms}
         return manifests, revisions, bundle, versions
+
+    @staticmethod
+    def _pages(call: Any, *args: Any, **kwargs: Any) -> Iterator[dict[str, Any]]:
+        token = None
+        while True:
+            # Raw JSON: the client's model deserialization costs time and memory that a
+            # 1000-object namespace notices, and plain dicts are all the plan needs.
+            page = _json(call(*args, **kwargs, limit=PAGE, _continue=token, _preload_content=False))
+            yield from page["items"]
+            token = (page.get("metadata") or {}).get("continue")
+            if not token:
+                return
 
     # ---- write ----------------------------------------------------------------------
     def create_revisions(self, namespace: str, revisions: Iterable[Revision]) -> None:
@@ -77,7 +109,8 @@ class Kube:
                 "revision": rev.version, "data": rev.data,
             }
             try:
-                self.apps.create_namespaced_controller_revision(namespace, body)
+                _discard(self.apps.create_namespaced_controller_revision(
+                    namespace, body, _preload_content=False))
             except ApiException as exc:
                 if exc.status != 409:  # 409: recorded by an earlier run; revisions are immutable
                     raise
@@ -87,8 +120,9 @@ class Kube:
         def patch(item: tuple[str, dict[str, Any]]) -> None:
             name, status = item
             try:
-                self.custom.patch_namespaced_custom_object_status(
-                    API_GROUP, API_VERSION, namespace, PLURAL, name, {"status": status})
+                _discard(self.custom.patch_namespaced_custom_object_status(
+                    API_GROUP, API_VERSION, namespace, PLURAL, name, {"status": status},
+                    _preload_content=False))
             except ApiException as exc:
                 if exc.status != 404:  # deleted meanwhile: nothing to report on
                     raise
@@ -144,7 +178,7 @@ class Kube:
                 "firstTimestamp": now, "lastTimestamp": now, "count": 1,
             }
             try:
-                self.core.create_namespaced_event(namespace, body)
+                _discard(self.core.create_namespaced_event(namespace, body, _preload_content=False))
             except ApiException as exc:  # an event is a courtesy; never fail a reconcile on it
                 log.warning("could not post event %s/%s: %s", namespace, event.name, exc.reason)
         list(self.pool.map(post, events))
