@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ from kubernetes import client
 
 from unwind.bundle import BUNDLE_NAME, BundleError, load_bundle
 from unwind.controlplane import ControlPlane
+from unwind.controlplane.cluster import free_ports
 from unwind.controlplane.dev import (
     OPERATOR_NAMESPACE,
     OperatorProcess,
@@ -28,6 +30,7 @@ from unwind.registry.signing import TrustStore
 
 ROOT = Path(__file__).resolve().parents[2]
 GROUP, VERSION, PLURAL = "unwind.dev", "v1alpha1", "toolmanifests"
+METRICS_PORT = free_ports(1)[0]
 
 
 @pytest.fixture(scope="session")
@@ -36,7 +39,8 @@ def operator(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFacto
     install_chart(control_plane.kubeconfig, {"operator": {"bundleWindowSeconds": 0.3}})
     work = tmp_path_factory.mktemp("operator")
     sa = service_account_kubeconfig(control_plane, work / "sa.kubeconfig")
-    op = OperatorProcess(sa, work / "operator.log", ("--bundle-window=0.3",)).start()
+    op = OperatorProcess(sa, work / "operator.log",
+                         ("--bundle-window=0.3", f"--metrics-port={METRICS_PORT}")).start()
     try:
         yield op
     finally:
@@ -231,3 +235,15 @@ def test_the_served_schema_carries_descriptions_for_kubectl_explain(
     assert spec["properties"]["compensation"]["description"].startswith("Required for reversible")
     assert "argument_map" in spec["properties"]["compensation"]["properties"]
     assert crd["spec"]["names"]["shortNames"] == ["tm"]
+
+
+def test_reconciles_and_bundle_writes_are_counted_in_prometheus_metrics(
+        operator: OperatorProcess, kubeconfig: Path, k8s_api: client.ApiClient, namespace: str) -> None:
+    apply(kubeconfig, namespace, tm("read", READ))
+    wait_for("published", lambda: enforced(k8s_api, namespace) == {"shop.get_order": 1})
+    text = urllib.request.urlopen(f"http://127.0.0.1:{METRICS_PORT}/metrics", timeout=5).read().decode()
+    writes = [line for line in text.splitlines()
+              if line.startswith("unwind_bundle_writes_total") and f'namespace="{namespace}"' in line]
+    assert writes and float(writes[0].rsplit(" ", 1)[1]) >= 1
+    assert 'unwind_reconciles_total{result="ok"}' in text
+    assert "unwind_bundle_publish_latency_seconds_count" in text

@@ -17,7 +17,6 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from ..manifest.loader import check_paths
 from ..registry import (
     FolderStorage,
     HttpStorage,
@@ -31,6 +30,7 @@ from ..registry import (
     resolve_trust,
 )
 from ..registry.storage import Storage
+from .main import cmd_validate
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -196,20 +196,6 @@ def cmd_verify(args: argparse.Namespace) -> int:
     return 1 if problems else 0
 
 
-@_guarded
-def cmd_check(args: argparse.Namespace) -> int:
-    result = check_paths(args.paths)
-    if args.json:
-        _emit({"ok": result.ok, "count": len(result.manifests),
-               "errors": [i.to_json() for i in result.issues]})
-    elif result.ok:
-        print(f"ok: {len(result.manifests)} tool manifests valid")
-    else:
-        for issue in result.issues:
-            print(f"error: {issue}", file=sys.stderr)
-    return 0 if result.ok else 1
-
-
 def register_keygen(subparsers: Any) -> None:
     p = subparsers.add_parser("keygen", help="make an Ed25519 key pair for signing manifests",
                               description="Write PATH.key (private, mode 0600) and PATH.pub.")
@@ -264,4 +250,4 @@ def register_manifests(subparsers: Any) -> None:
                               description="Validate plain manifest files (like `unwind validate`).")
     p.add_argument("paths", nargs="+", metavar="PATH")
     p.add_argument("--json", action="store_true", help="print JSON")
-    p.set_defaults(func=cmd_check)
+    p.set_defaults(func=cmd_validate)  # the same check as `unwind validate`
