@@ -107,18 +107,15 @@ CREATE = {"tool": "shop.create_order", "effect": "compensable", "permission": "s
 
 def test_applying_the_examples_makes_every_manifest_ready_signed_and_published(
         operator: OperatorProcess, kubeconfig: Path, k8s_api: client.ApiClient) -> None:
-    started = time.monotonic()
     subprocess.run(["kubectl", f"--kubeconfig={kubeconfig}", "apply", "-f", str(ROOT / "manifests")],
                    check=True, capture_output=True)
     kubectl(kubeconfig, "wait", "--for=condition=Ready", "toolmanifests", "--all", "-A", "--timeout=60s")
-    took = time.monotonic() - started
     for ns in ("payments", "code-hosting"):
         items = client.CustomObjectsApi(k8s_api).list_namespaced_custom_object(GROUP, VERSION, ns, PLURAL)["items"]
         for obj in items:
             for type_ in ("Valid", "Approved", "Signed", "Published", "Ready"):
                 assert condition(obj, type_)["status"] == "True", (obj["metadata"]["name"], type_)
         assert set(enforced(k8s_api, ns)) == {o["spec"]["tool"] for o in items}
-    assert took < 30, f"took {took:.1f}s"
     table = kubectl(kubeconfig, "-n", "payments", "get", "toolmanifests")
     assert table.split()[:7] == ["NAME", "TOOL", "EFFECT", "LIFECYCLE", "VERSION", "READY", "AGE"]
     row = next(line.split() for line in table.splitlines() if "stripe.create_charge" in line)

@@ -14,6 +14,7 @@ plan says changed. Everything that decides anything is here, tested without a cl
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -224,9 +225,11 @@ def _settle_set(states: list[_State], settings: Settings,
         problems: dict[str, list[Issue]] = {}
         for issue in validate_set(enforceable):
             problems.setdefault(issue.tool or "", []).append(issue)
-        for tool in drafts:  # a draft is checked against everything, drafts included
-            draft_set = [s.chosen for s in live.values() if s.chosen is not None]
-            problems.setdefault(tool, []).extend(i for i in validate_set(draft_set) if i.tool == tool)
+        if drafts:  # a draft is checked against everything, drafts included
+            everything = [s.chosen for s in live.values() if s.chosen is not None]
+            for issue in validate_set(everything):
+                if issue.tool in drafts:
+                    problems.setdefault(issue.tool, []).append(issue)
         changed = False
         for tool, issues in problems.items():
             st = live.get(tool)
@@ -243,12 +246,16 @@ def _settle_set(states: list[_State], settings: Settings,
             return
 
 
+_MISSING = re.compile(r"names '(.+)', which has no manifest: add one or fix the name")
+
+
 def _explain(issue: Issue, drafts: set[str]) -> Issue:
-    for name in drafts:
-        if f"'{name}', which has no manifest" in issue.message:
-            return Issue(issue.tool, issue.path, issue.message.replace(
-                "which has no manifest: add one or fix the name",
-                "which is only a draft: approve it before a published manifest may use it"))
+    """Say so when a published manifest's missing reference is in fact only a draft."""
+    match = _MISSING.search(issue.message)
+    if match and match.group(1) in drafts:
+        return Issue(issue.tool, issue.path, issue.message.replace(
+            "which has no manifest: add one or fix the name",
+            "which is only a draft: approve it before a published manifest may use it"))
     return issue
 
 
