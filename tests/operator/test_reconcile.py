@@ -192,3 +192,16 @@ def test_lint_findings_are_reported_in_status() -> None:
     lint = c.objects["cancel"].status["lint"]
     assert lint["warnings"] >= 1
     assert {"L011", "L012"} <= {f["code"] for f in lint["findings"]}
+
+
+def test_a_namespace_without_manifests_gets_no_bundle() -> None:
+    c = Cluster()
+    assert c.reconcile().bundle is None
+
+
+def test_deleting_every_manifest_leaves_an_empty_bundle_not_a_stale_one() -> None:
+    c = Cluster(read=READ)
+    c.reconcile()
+    c.delete("read")
+    c.reconcile()
+    assert c.enforced() == {}

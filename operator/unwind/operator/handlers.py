@@ -73,18 +73,31 @@ class Namespaces:
             try:
                 await self.reconcile(namespace, first)
                 backoff = 1.0
-            except Exception as exc:  # retried: temporary API trouble must not stop the loop
-                metrics.RECONCILES.labels("error").inc()
-                log.warning("reconcile of namespace %s failed, retrying in %.0fs: %s", namespace, backoff, exc)
-                self.dirty.setdefault(namespace, first)
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 60.0)
-                wake.set()
+                continue
+            except ApiException as exc:
+                if _namespace_gone(exc):
+                    log.info("namespace %s is gone or terminating; stopped reconciling it", namespace)
+                    return
+                why = f"{exc.status} {exc.reason}"
+            except Exception as exc:  # retried: temporary trouble must not stop the loop
+                why = str(exc)
+            metrics.RECONCILES.labels("error").inc()
+            log.warning("reconcile of namespace %s failed, retrying in %.0fs: %s", namespace, backoff, why)
+            self.dirty.setdefault(namespace, first)
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, 60.0)
+            wake.set()
 
     async def stop(self) -> None:
         for task in self.tasks.values():
             task.cancel()
         await asyncio.gather(*self.tasks.values(), return_exceptions=True)
+
+
+def _namespace_gone(exc: ApiException) -> bool:
+    body = str(exc.body or "")
+    return (exc.status == 404 and '"kind":"namespaces"' in body.replace(" ", "")) or (
+        exc.status == 403 and "because it is being terminated" in body)
 
 
 def reconcile_namespace(kube: Kube, namespace: str, signer: Any, kid: str | None,

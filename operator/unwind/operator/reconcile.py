@@ -187,7 +187,9 @@ def plan(namespace: str, manifests: Sequence[ManifestObject], revisions: Sequenc
     published = {e.source: e for e in entries}
     out.published = len(entries)
     bundle = build_bundle(namespace, entries)
-    if bundle != current_bundle:
+    # A namespace that never had a manifest gets no bundle; one whose manifests were all
+    # deleted gets an empty one, so no gateway keeps enforcing what was removed.
+    if bundle != current_bundle and (manifests or current_bundle):
         out.bundle = bundle
 
     findings = _lint_by_tool([st.model for st in states if st.model is not None and not st.issues])
