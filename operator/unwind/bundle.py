@@ -24,6 +24,8 @@ from typing import Any
 from . import API_GROUP, API_VERSION
 from .manifest.canonical import canonical_json, checksum_bytes
 from .manifest.model import ToolManifest
+from .manifest.validate import validate_manifest
+from .registry.records import FormatError, signature_from_json
 from .registry.signing import Signature, TrustStore, signing_message
 
 BUNDLE_NAME = "unwind-bundle"
@@ -58,16 +60,17 @@ def build_bundle(namespace: str, entries: Sequence[BundleEntry]) -> BundleData:
     blobs = {entry_key(e.tool): e.manifest.decode("utf-8") for e in ordered}
     shards: dict[str, dict[str, str]] = {}
     placement: dict[str, str] = {}
-    if sum(len(b) + len(k) for k, b in blobs.items()) > SHARD_LIMIT - 200 * len(ordered):
+    sizes = {k: len(e.manifest) + len(k) for k, e in zip(blobs, ordered, strict=True)}  # bytes
+    if sum(sizes.values()) > SHARD_LIMIT - 200 * len(ordered):
         current: dict[str, str] = {}
         size = 0
         groups: list[dict[str, str]] = []
         for key, blob in blobs.items():
-            if current and size + len(blob) + len(key) > SHARD_LIMIT:
+            if current and size + sizes[key] > SHARD_LIMIT:
                 groups.append(current)
                 current, size = {}, 0
             current[key] = blob
-            size += len(blob) + len(key)
+            size += sizes[key]
         if current:
             groups.append(current)
         for group in groups:
@@ -101,28 +104,41 @@ def load_bundle(configmaps: Mapping[str, Mapping[str, str]],
         raise BundleError(f"no {BUNDLE_NAME} ConfigMap with {INDEX_KEY}")
     try:
         index: Any = json.loads(main[INDEX_KEY])
-        tools = index["tools"]
-    except (ValueError, KeyError, TypeError) as exc:
-        raise BundleError(f"{BUNDLE_NAME}/{INDEX_KEY} is not a bundle index: {exc}") from exc
+    except ValueError as exc:
+        raise BundleError(f"{BUNDLE_NAME}/{INDEX_KEY} is not JSON: {exc}") from exc
+    tools = index.get("tools") if isinstance(index, dict) else None
+    if not isinstance(tools, dict) or not all(isinstance(i, dict) for i in tools.values()):
+        raise BundleError(f"{BUNDLE_NAME}/{INDEX_KEY} has no tools mapping of tool -> entry")
     out: dict[str, ToolManifest] = {}
     for tool, info in tools.items():
-        where = f"{tool}@v{info.get('version')}"
-        blob = configmaps.get(info.get("configMap", ""), {}).get(info.get("key", ""))
+        version, digest = info.get("version"), info.get("checksum")
+        where = f"{tool}@v{version}"
+        if not isinstance(version, int) or not isinstance(digest, str):
+            raise BundleError(f"{where}: the index entry needs an integer version and a checksum")
+        blob = configmaps.get(str(info.get("configMap", "")), {}).get(str(info.get("key", "")))
         if blob is None:
             raise BundleError(f"{where}: manifest {info.get('configMap')}/{info.get('key')} is missing")
         data = blob.encode("utf-8")
-        if checksum_bytes(data) != info.get("checksum"):
+        if checksum_bytes(data) != digest:
             raise BundleError(f"{where}: checksum mismatch: the manifest was edited outside the operator")
         if trust is not None:
-            sig = info.get("signature")
-            signature = Signature(sig["key_id"], sig["value"]) if isinstance(sig, dict) else None
-            problem = trust.check(signing_message(tool, info["version"], info["checksum"]), signature)
+            try:
+                signature = signature_from_json(info.get("signature"))
+            except FormatError as exc:
+                raise BundleError(f"{where}: {exc}") from exc
+            problem = trust.check(signing_message(tool, version, digest), signature)
             if problem:
                 raise BundleError(f"{where}: signature {problem}")
-        manifest = ToolManifest.model_validate(json.loads(data))
+        try:
+            raw = json.loads(data)
+        except ValueError as exc:
+            raise BundleError(f"{where}: the manifest is not JSON: {exc}") from exc
+        manifest, issues = validate_manifest(raw)
+        if manifest is None or issues:
+            raise BundleError(f"{where}: the manifest is invalid: {issues[0] if issues else ''}")
         if manifest.tool != tool:
             raise BundleError(f"{where}: the manifest is for {manifest.tool!r}")
         # The signed bytes keep the author's `version`; the version that counts is the
         # registry's, from the index (the one the signature names).
-        out[tool] = manifest.model_copy(update={"version": info["version"]})
+        out[tool] = manifest.model_copy(update={"version": version})
     return out

@@ -122,3 +122,12 @@ def test_lint_json_reports_findings_with_their_levels(tmp_path: Path, capsys: py
     assert {"code": "L011", "level": "warning", "tool": "a.write",
             "message": report["findings"][1]["message"]} in report["findings"]
     assert report["errors"] == 0 and report["warnings"] >= 2
+
+
+def test_a_duplicate_tool_is_reported_where_the_second_declaration_is(tmp_path: Path,
+                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "one.yaml").write_text("tool: a\neffect: read_only\npermission: p\n")
+    (tmp_path / "two.yaml").write_text("# again\ntool: a\neffect: read_only\npermission: q\n")
+    assert main(["validate", "--json", str(tmp_path)]) == 1
+    errors = json.loads(capsys.readouterr().out)["errors"]
+    assert [(e["file"], e["line"], e["path"]) for e in errors] == [(str(tmp_path / "two.yaml"), 2, "tool")]

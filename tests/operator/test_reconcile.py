@@ -23,6 +23,19 @@ CREATE = {"tool": "shop.create_order", "effect": "compensable", "permission": "s
           "compensation": {"tool": "shop.cancel_order", "argument_map": {"id": "$result.id"}}}
 
 
+def merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7386 JSON merge patch, as the API server applies a status patch."""
+    if not isinstance(patch, dict):
+        return patch
+    out = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        else:
+            out[key] = merge_patch(out.get(key), value)
+    return out
+
+
 class Cluster:
     """Plays the API server for the planner: applies a plan's writes to in-memory state."""
 
@@ -49,10 +62,10 @@ class Cluster:
         result = plan("shop", list(self.objects.values()), self.revisions, self.bundle,
                       lambda m: sign(KEY, m), KID, settings or Settings(), NOW)
         self.revisions.extend(result.new_revisions)
-        for name, status in result.statuses.items():
+        for name, patch in result.statuses.items():
             o = self.objects[name]
-            self.objects[name] = ManifestObject(o.name, o.uid, o.generation, o.spec, status,
-                                                o.annotations, o.created)
+            self.objects[name] = ManifestObject(o.name, o.uid, o.generation, o.spec,
+                                                merge_patch(o.status, patch), o.annotations, o.created)
         if result.bundle is not None:
             self.bundle = result.bundle
             self.bundle_writes += 1
@@ -204,4 +217,57 @@ def test_deleting_every_manifest_leaves_an_empty_bundle_not_a_stale_one() -> Non
     c.reconcile()
     c.delete("read")
     c.reconcile()
+    assert c.enforced() == {}
+
+
+def test_demoting_a_published_manifest_to_draft_clears_its_published_fields() -> None:
+    c = Cluster(read=READ)
+    c.reconcile()
+    c.apply("read", {**READ, "lifecycle": "draft"})
+    c.reconcile()
+    status = c.objects["read"].status
+    assert "publishedChecksum" not in status and "keyId" not in status
+    assert c.reconcile().statuses == {}
+    c.apply("read", {**READ, "lifecycle": "draft", "retry": {"attempts": 99}})
+    c.reconcile()
+    assert c.enforced() == {}  # the old approved version does not come back
+
+
+def test_a_chain_of_fallbacks_settles_into_a_consistent_bundle() -> None:
+    z = {**READ, "tool": "t.z"}
+    b = {**READ, "tool": "t.b", "requires": ["t.z"]}
+    a = {**READ, "tool": "t.a", "requires": ["t.b"]}
+    c = Cluster(z=z, b=b, a=a)
+    c.reconcile()
+    c.delete("z")
+    c.apply("b", {**b, "description": "edited"})
+    c.apply("a", {**a, "description": "edited"})
+    c.reconcile()
+    assert c.enforced() == {}
+    assert c.reconcile().statuses == {}
+
+
+def test_a_last_good_version_keeps_its_tool_against_a_newer_duplicate() -> None:
+    c = Cluster(a=READ)
+    c.reconcile()
+    c.apply("a", {**READ, "retry": {"attempts": 99}})
+    c.apply("b", READ)
+    result = c.reconcile()
+    assert result.published == 1
+    assert c.condition("b", "Valid")["reason"] == "DuplicateTool"
+    assert c.condition("a", "Published")["reason"] == "LastGoodVersionPublished"
+
+
+def test_without_a_signing_key_versions_are_published_unsigned() -> None:
+    c = Cluster(read=READ)
+    result = plan("shop", list(c.objects.values()), [], {}, None, None, Settings(), NOW)
+    assert result.published == 1
+    status = result.statuses["read"]
+    assert next(x for x in status["conditions"] if x["type"] == "Signed")["reason"] == "NoSigningKey"
+
+
+def test_a_manifest_too_large_for_a_bundle_entry_is_invalid() -> None:
+    c = Cluster(big={**READ, "description": "x" * 1_000_000})
+    c.reconcile()
+    assert "bytes in canonical form" in c.condition("big", "Valid")["message"]
     assert c.enforced() == {}

@@ -36,7 +36,7 @@ def test_a_write_leaves_no_temporary_files_and_writes_the_index_last(tmp_path: P
     Registry(storage).publish([{"tool": "x/y", "effect": "read_only", "permission": "p"}], by="a")
     files = sorted(str(p.relative_to(tmp_path / "reg")) for p in (tmp_path / "reg").rglob("*")
                    if p.is_file())
-    assert files == ["index.json", "tools/x%2Fy/v1.json"]
+    assert files == [".lock", "index.json", "tools/x%2Fy/v1.json"]  # .lock: the index writers' lock
     assert (tmp_path / "reg" / "tools" / "x%2Fy" / "v1.json").stat().st_mode & 0o044 == 0o044
 
 
@@ -57,3 +57,18 @@ def test_an_unparsable_version_file_is_reported_as_tampered(tmp_path: Path) -> N
     with pytest.raises(RegistryError) as err:
         Registry(storage).load()
     assert err.value.code == "tampered" and "a v1" in err.value.message
+
+
+def test_concurrent_publishes_of_different_tools_all_reach_the_index(tmp_path: Path) -> None:
+    import threading
+
+    def publish(i: int) -> None:
+        Registry(FolderStorage(tmp_path / "reg")).publish(
+            [{"tool": f"t{i}", "effect": "read_only", "permission": "p"}], by="a")
+
+    threads = [threading.Thread(target=publish, args=(i,)) for i in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(Registry(FolderStorage(tmp_path / "reg")).list()) == 16

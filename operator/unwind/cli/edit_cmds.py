@@ -46,17 +46,28 @@ def _report(result: EditResult, as_json: bool) -> int:
     return 0 if result.success else 1
 
 
+def _missing_path(exc: FileNotFoundError) -> int:
+    print(f"error: {exc}", file=sys.stderr)
+    return 1
+
+
 def cmd_rename(args: argparse.Namespace) -> int:
-    result = apply_to_paths(args.paths or ["."], rename, args.old, args.new,
-                            base_revision=args.base_revision, validator=validate_files,
-                            write=not args.dry_run)
+    try:
+        result = apply_to_paths(args.paths or ["."], rename, args.old, args.new,
+                                base_revision=args.base_revision, validator=validate_files,
+                                write=not args.dry_run)
+    except FileNotFoundError as exc:
+        return _missing_path(exc)
     return _report(result, args.json)
 
 
 def cmd_remove(args: argparse.Namespace) -> int:
-    result = apply_to_paths(args.paths or ["."], remove, args.tools,
-                            base_revision=args.base_revision, validator=validate_files,
-                            write=not args.dry_run)
+    try:
+        result = apply_to_paths(args.paths or ["."], remove, args.tools,
+                                base_revision=args.base_revision, validator=validate_files,
+                                write=not args.dry_run)
+    except FileNotFoundError as exc:
+        return _missing_path(exc)
     return _report(result, args.json)
 
 

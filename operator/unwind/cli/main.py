@@ -56,8 +56,12 @@ def cmd_lint(args: argparse.Namespace) -> int:
             print(f"error: {args.upstream_schemas}: cannot read upstream schemas: {exc}", file=sys.stderr)
             return 1
         if not isinstance(schemas, dict):
-            print(f"error: {args.upstream_schemas}: expected a JSON object of tool name -> "
-                  "input schema", file=sys.stderr)
+            bad: str | None = "the file"
+        else:
+            bad = next((repr(name) for name, schema in schemas.items() if not isinstance(schema, dict)), None)
+        if bad:
+            print(f"error: {args.upstream_schemas}: {bad} is not a JSON Schema object: expected "
+                  '{"<tool>": {"type": "object", "properties": {...}}, ...}', file=sys.stderr)
             return 1
     findings = lint(result.manifests, schemas)
     report = lint_report_json(findings)

@@ -134,12 +134,14 @@ def up(workdir: Path) -> tuple[ControlPlane, int]:
         raise ControlPlaneError(f"a dev control plane is already running in {workdir}: "
                                 "run `unwind dev down` first")
     cp = ControlPlane(workdir / "cluster").start()
+    op = OperatorProcess(workdir / "operator.kubeconfig", workdir / "operator.log")
     try:
         install_crds(cp.kubeconfig)
         install_chart(cp.kubeconfig)
-        sa_config = service_account_kubeconfig(cp, workdir / "operator.kubeconfig")
-        op = OperatorProcess(sa_config, workdir / "operator.log").start(detach=True)
+        service_account_kubeconfig(cp, op.kubeconfig)
+        op.start(detach=True)
     except BaseException:
+        op.stop()
         cp.stop()
         raise
     assert op.proc is not None

@@ -15,31 +15,22 @@ import os
 import stat
 import tempfile
 from collections.abc import Callable, Iterable
-from pathlib import Path
 from typing import Any
 
 from unwind.edit.result import EditResult
+from unwind.manifest.loader import expand_paths
 
 YAML_SUFFIXES = (".yaml", ".yml")
 
 
 def expand(paths: Iterable[str | os.PathLike[str]]) -> list[str]:
-    """Files as given, and every *.yaml / *.yml under each folder, sorted.
-
-    Folders are searched recursively (a reader in a subfolder still counts),
-    skipping hidden names such as `.git`.
-    """
-    found: set[str] = set()
-    for raw in paths:
-        path = Path(raw)
-        if path.is_dir():
-            for child in path.rglob("*"):
-                hidden = any(part.startswith(".") for part in child.relative_to(path).parts)
-                if child.is_file() and child.suffix in YAML_SUFFIXES and not hidden:
-                    found.add(str(child))
-        else:
-            found.add(str(path))
-    return sorted(found)
+    """Files as given, and every *.yaml / *.yml under each folder, sorted (the loader's walk:
+    recursive, hidden names such as `.git` skipped). A missing path raises FileNotFoundError
+    naming it, before anything is read."""
+    files, errors = expand_paths(paths, YAML_SUFFIXES)
+    if errors:
+        raise FileNotFoundError(f"{errors[0].file}: no such file or folder")
+    return sorted({str(f) for f in files})
 
 
 def read(paths: Iterable[str]) -> dict[str, str]:

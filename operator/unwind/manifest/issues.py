@@ -4,7 +4,7 @@ act on (the field path, what is wrong, what to write instead)."""
 from __future__ import annotations
 
 import difflib
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, get_args
 
 from pydantic import BaseModel, ValidationError
@@ -19,6 +19,10 @@ class Issue:
     message: str
     file: str | None = None
     line: int | None = None
+    # For set-level issues: the position of the manifest in the checked sequence (to locate
+    # it when two share a tool name), and the tool a missing reference names.
+    index: int | None = field(default=None, compare=False, repr=False)
+    ref: str | None = field(default=None, compare=False, repr=False)
 
     def to_json(self) -> dict[str, Any]:
         return {"tool": self.tool, "path": self.path, "message": self.message,
@@ -74,8 +78,8 @@ def _all_field_names(model: type[BaseModel], seen: set[type[BaseModel]] | None =
         return set()
     seen.add(model)
     names = set(model.model_fields)
-    for field in model.model_fields.values():
-        for arg in _model_args(field.annotation):
+    for info in model.model_fields.values():
+        for arg in _model_args(info.annotation):
             names |= _all_field_names(arg, seen)
     return names
 

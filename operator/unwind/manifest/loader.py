@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -47,18 +47,14 @@ class Sourced:
             return None
         line = node.start_mark.line + 1
         for seg in _split_path(path):
-            child: yaml.Node | None = None
-            if isinstance(node, yaml.MappingNode):
-                for key, value in node.value:
-                    if isinstance(key, yaml.ScalarNode) and key.value == str(seg):
-                        line, child = key.start_mark.line + 1, value
-                        break
-            elif isinstance(node, yaml.SequenceNode) and isinstance(seg, int) and seg < len(node.value):
-                child = node.value[seg]
-                line = child.start_mark.line + 1
+            if isinstance(node, yaml.SequenceNode) and isinstance(seg, int) and seg < len(node.value):
+                child: yaml.Node | None = node.value[seg]
+            else:
+                child = _child(node, str(seg))
             if child is None:
                 break
             node = child
+            line = node.start_mark.line + 1
         return line
 
 
@@ -90,13 +86,16 @@ def _split_path(path: str) -> list[str | int]:
     return [name if name else int(index) for name, index in _SEGMENT.findall(path)]
 
 
-def expand_paths(paths: Sequence[str | os.PathLike[str]]) -> tuple[list[Path], list[Issue]]:
+def expand_paths(paths: Iterable[str | os.PathLike[str]],
+                 suffixes: tuple[str, ...] = SUFFIXES) -> tuple[list[Path], list[Issue]]:
+    """Files as given, and every file with one of ``suffixes`` under each folder (recursive,
+    sorted, hidden names skipped); a path that does not exist is an error."""
     files: list[Path] = []
     errors: list[Issue] = []
     for raw in paths:
         path = Path(raw)
         if path.is_dir():
-            files.extend(sorted(p for p in path.rglob("*") if p.suffix in SUFFIXES and p.is_file()
+            files.extend(sorted(p for p in path.rglob("*") if p.suffix in suffixes and p.is_file()
                                 and not any(part.startswith(".") for part in p.relative_to(path).parts)))
         elif path.is_file():
             files.append(path)
@@ -194,16 +193,18 @@ def check(loaded: LoadResult) -> CheckResult:
     issues = list(loaded.errors)
     manifests: list[ToolManifest] = []
     sources: list[Sourced] = []
-    by_tool: dict[str, Sourced] = {}
     for item in loaded.items:
         manifest, found = validate_manifest(item.data)
         issues.extend(i.located(item.file, item.line_of(i.path)) for i in found)
         if manifest is not None:
             manifests.append(manifest)
             sources.append(item)
-            by_tool.setdefault(manifest.tool, item)
     for issue in validate_set(manifests):
-        src = by_tool.get(issue.tool or "")
+        if issue.index is None:  # a cycle: reported on its first tool
+            index = next((n for n, m in enumerate(manifests) if m.tool == issue.tool), None)
+        else:
+            index = issue.index
+        src = sources[index] if index is not None else None
         issues.append(issue.located(src.file, src.line_of(issue.path)) if src else issue)
     return CheckResult(manifests, sources, issues)
 

@@ -264,22 +264,24 @@ SetRule = Callable[[Sequence[ToolManifest], dict[str, ToolManifest]], Iterator[I
 
 def no_duplicate_tools(ms: Sequence[ToolManifest], _: dict[str, ToolManifest]) -> Iterator[Issue]:
     seen: set[str] = set()
-    for m in ms:
+    for i, m in enumerate(ms):
         if m.tool in seen:
-            yield Issue(m.tool, "tool", f"{m.tool!r} is declared more than once: keep one manifest per tool")
+            yield Issue(m.tool, "tool", f"{m.tool!r} is declared more than once: keep one manifest "
+                        "per tool", index=i)
         seen.add(m.tool)
 
 
 def referenced_tools_exist(ms: Sequence[ToolManifest], by: dict[str, ToolManifest]) -> Iterator[Issue]:
-    for m in ms:
+    for i, m in enumerate(ms):
         for path, name in tool_references(m):
             if name not in by and name != m.tool:
-                yield Issue(m.tool, path, f"names {name!r}, which has no manifest: add one or fix the name")
+                yield Issue(m.tool, path, f"names {name!r}, which has no manifest: add one or fix "
+                            "the name", index=i, ref=name)
 
 
 def read_backs_are_read_only(ms: Sequence[ToolManifest], by: dict[str, ToolManifest]) -> Iterator[Issue]:
     """Verification and lookup tools only read: a read-back must not change anything."""
-    for m in ms:
+    for i, m in enumerate(ms):
         targets = []
         if m.compensation and m.compensation.verification:
             targets.append(("compensation.verification.tool", m.compensation.verification.tool))
@@ -288,37 +290,41 @@ def read_backs_are_read_only(ms: Sequence[ToolManifest], by: dict[str, ToolManif
         for path, name in targets:
             other = by.get(name)
             if other is not None and other.effect != Effect.read_only:
-                yield Issue(m.tool, path, f"{name!r} is {other.effect}; a read-back tool must be read_only")
+                yield Issue(m.tool, path, f"{name!r} is {other.effect}; a read-back tool must be "
+                            "read_only", index=i)
 
 
 def find_requires_cycles(ms: Iterable[ToolManifest]) -> list[list[str]]:
-    """Each cycle in the requires graph, as the list of tools around it."""
+    """Each cycle in the requires graph, as the list of tools around it. Iterative, so a
+    chain of thousands of requirements cannot exhaust the interpreter's stack."""
     graph = {m.tool: [r.tool for r in m.requires] for m in ms}
     cycles: list[list[str]] = []
-    state: dict[str, int] = {}  # 1 = on the stack, 2 = done
-    stack: list[str] = []
-
-    def visit(node: str) -> None:
-        state[node] = 1
-        stack.append(node)
-        for nxt in graph.get(node, ()):
-            if state.get(nxt) == 1:
-                cycles.append([*stack[stack.index(nxt):], nxt])
+    state: dict[str, int] = {}  # 1 = on the path, 2 = done
+    for root in sorted(graph):
+        if root in state:
+            continue
+        path: list[str] = [root]
+        todo: list[Iterator[str]] = [iter(graph[root])]
+        state[root] = 1
+        while todo:
+            nxt = next(todo[-1], None)
+            if nxt is None:
+                state[path.pop()] = 2
+                todo.pop()
+            elif state.get(nxt) == 1:
+                cycles.append([*path[path.index(nxt):], nxt])
             elif nxt in graph and nxt not in state:
-                visit(nxt)
-        stack.pop()
-        state[node] = 2
-
-    for node in sorted(graph):
-        if node not in state:
-            visit(node)
+                state[nxt] = 1
+                path.append(nxt)
+                todo.append(iter(graph[nxt]))
     return cycles
 
 
 def requires_has_no_cycle(ms: Sequence[ToolManifest], _: dict[str, ToolManifest]) -> Iterator[Issue]:
     for cycle in find_requires_cycles(ms):
         if len(cycle) > 2:  # a self-requirement is reported by no_self_reference
-            yield Issue(cycle[0], "requires", "requires forms a cycle: " + " -> ".join(cycle)
+            shown = cycle if len(cycle) <= 12 else [*cycle[:5], "...", *cycle[-5:]]
+            yield Issue(cycle[0], "requires", "requires forms a cycle: " + " -> ".join(shown)
                         + "; break it by removing one of these requirements")
 
 

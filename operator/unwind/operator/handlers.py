@@ -61,8 +61,10 @@ class Namespaces:
         backoff = 1.0
         while True:
             await wake.wait()
-            # Coalesce: wait until no change arrived for one window.
-            while True:
+            # Coalesce: wait until no change arrived for one window, but not longer than
+            # ten windows in all, so a steady stream of changes cannot starve the bundle.
+            deadline = time.monotonic() + 10 * self.window
+            while time.monotonic() < deadline:
                 wake.clear()
                 try:
                     await asyncio.wait_for(wake.wait(), timeout=self.window)
@@ -165,15 +167,13 @@ def build_registry(config: Config, api: client.ApiClient) -> kopf.OperatorRegist
 
     @kopf.on.event(API_GROUP, API_VERSION, PLURAL, registry=registry)  # type: ignore[arg-type]
     async def manifest_changed(namespace: str, **_: Any) -> None:
-        if "signer" in state:
-            namespaces.touch(namespace)
+        namespaces.touch(namespace)  # kopf starts watching only after startup completed
 
     @kopf.on.event("", "v1", "configmaps", labels={BUNDLE_LABEL: "true"},  # type: ignore[arg-type]
                    registry=registry)
     async def bundle_changed(namespace: str, **_: Any) -> None:
         # Our own writes come back here too: the reconcile then finds nothing to change.
-        if "signer" in state:
-            namespaces.touch(namespace)
+        namespaces.touch(namespace)
 
     return registry
 

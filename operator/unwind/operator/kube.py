@@ -58,9 +58,11 @@ class Kube:
 
     # ---- gather ---------------------------------------------------------------------
     def snapshot(self, namespace: str) -> tuple[list[ManifestObject], list[Revision], BundleData, dict[str, str]]:
-        """One consistent view of the namespace: paged LISTs (later pages are served from
-        the first page's resourceVersion), each page reduced to what the plan reads before
-        the next is fetched, so a large namespace never sits in memory as raw objects."""
+        """The namespace as the plan needs it: three paged LISTs (each list is consistent:
+        later pages come from the first page's resourceVersion; the three may be a moment
+        apart, which is harmless with one writer per namespace and a re-reconcile on every
+        change). Each page is reduced to what the plan reads before the next is fetched, so
+        a large namespace never sits in memory as raw objects."""
         manifests = [ManifestObject(
             name=i["metadata"]["name"], uid=i["metadata"]["uid"],
             generation=int(i["metadata"].get("generation") or 0), spec=i.get("spec"),
@@ -140,12 +142,17 @@ class Kube:
                                       data=data, immutable=True)
             try:
                 self.core.create_namespaced_config_map(namespace, body)
+                writes += 1
             except ApiException as exc:
                 if exc.status != 409:
                     raise
-                self.core.delete_namespaced_config_map(name, namespace)  # edited by hand
-                self.core.create_namespaced_config_map(namespace, body)
-            writes += 1
+                # Content-addressed: the same name normally holds the same bytes already.
+                # Only a shard edited by hand is replaced (it is immutable, so delete+create).
+                existing = _json(self.core.read_namespaced_config_map(name, namespace, _preload_content=False))
+                if existing.get("data") != data:
+                    self.core.delete_namespaced_config_map(name, namespace)
+                    self.core.create_namespaced_config_map(namespace, body)
+                    writes += 1
         main = client.V1ConfigMap(
             metadata=client.V1ObjectMeta(name=BUNDLE_NAME, labels=labels,
                                          resource_version=versions.get(BUNDLE_NAME)),

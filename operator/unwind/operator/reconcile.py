@@ -14,14 +14,13 @@ plan says changed. Everything that decides anything is here, tested without a cl
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..api.conditions import set_condition
-from ..bundle import BundleData, BundleEntry, build_bundle
-from ..manifest.canonical import canonical_json, checksum
+from ..bundle import SHARD_LIMIT, BundleData, BundleEntry, build_bundle
+from ..manifest.canonical import canonical_json, checksum_bytes
 from ..manifest.issues import Issue
 from ..manifest.lint import lint
 from ..manifest.model import ToolManifest
@@ -30,6 +29,7 @@ from ..registry.signing import Signature, signing_message
 
 APPLIED_BY = "unwind.dev/applied-by"  # stamped by the admission webhook (next issue)
 MAX_FINDINGS = 20
+MAX_ENTRY_BYTES = SHARD_LIMIT - 1024  # one manifest must fit in one shard
 
 
 class Reason:
@@ -146,7 +146,13 @@ def plan(namespace: str, manifests: Sequence[ManifestObject], revisions: Sequenc
         model, issues = validate_manifest(st.obj.spec)
         st.issues = issues
         if model is not None and not issues:
-            st.model, st.digest = model, checksum(model)
+            blob = canonical_json(model.canonical_dict())
+            if len(blob) > MAX_ENTRY_BYTES:
+                st.issues.append(Issue(model.tool, "", f"the manifest is {len(blob)} bytes in canonical "
+                                       f"form; a bundle entry must stay under {MAX_ENTRY_BYTES} bytes: "
+                                       "shorten descriptions or residue text"))
+                continue
+            st.model, st.digest = model, checksum_bytes(blob)
             known = by_owner.setdefault(st.obj.uid, {})
             found = known.get(st.digest)
             if found is not None:
@@ -160,21 +166,22 @@ def plan(namespace: str, manifests: Sequence[ManifestObject], revisions: Sequenc
             st.version = rev.version
             st.chosen, st.chosen_version, st.chosen_digest = model, rev.version, st.digest
 
-    # One manifest per tool: the oldest object keeps the name.
+    for st in states:  # invalid alone: fall back to the last good (published) version
+        if st.chosen is None:
+            _fall_back(st, by_owner)
+
+    # One manifest per tool: the oldest object keeps the name, whichever version it publishes.
     owner_of: dict[str, str] = {}
     for st in states:
-        if st.model is None:
+        if st.chosen is None:
             continue
-        first = owner_of.setdefault(st.model.tool, st.obj.name)
+        first = owner_of.setdefault(st.chosen.tool, st.obj.name)
         if first != st.obj.name:
-            st.issues.append(Issue(st.model.tool, "tool", f"{st.model.tool!r} is already declared by "
-                                   f"ToolManifest {first}: keep one manifest per tool"))
-            st.set_reason = Reason.DUPLICATE
+            if st.chosen is st.model:
+                st.issues.append(Issue(st.chosen.tool, "tool", f"{st.chosen.tool!r} is already "
+                                       f"declared by ToolManifest {first}: keep one manifest per tool"))
+                st.set_reason = Reason.DUPLICATE
             st.chosen = None
-
-    for st in states:  # invalid alone: fall back to the last good (published) version
-        if st.chosen is None and st.set_reason != Reason.DUPLICATE:
-            _fall_back(st, by_owner)
 
     _settle_set(states, settings, by_owner)
     entries = []
@@ -196,7 +203,8 @@ def plan(namespace: str, manifests: Sequence[ManifestObject], revisions: Sequenc
     for st in states:
         status = _status(st, published.get(st.obj.name), key_id, findings, settings, now)
         if status != st.obj.status:
-            out.statuses[st.obj.name] = status
+            # A merge patch keeps what it does not mention: name each dropped field as null.
+            out.statuses[st.obj.name] = {**dict.fromkeys(set(st.obj.status) - set(status)), **status}
             out.events.extend(_events(st, status))
     return out
 
@@ -218,7 +226,9 @@ def _settle_set(states: list[_State], settings: Settings,
                 by_owner: dict[str, dict[str, Revision]]) -> None:
     """Check the set until it is consistent: a manifest whose set-level check fails falls back
     to its last good version (or leaves the bundle), which may affect others, so repeat."""
-    for _ in range(len(states) + 1):
+    # Each round changes at least one manifest's choice, and a choice only moves
+    # current -> last good -> none, so 2n + 1 rounds always suffice.
+    for _ in range(2 * len(states) + 1):
         live = {st.chosen.tool: st for st in states if st.chosen is not None}
         enforceable = [st.chosen for st in live.values()
                        if st.chosen is not None and _effective_lifecycle(st.chosen, st.obj, settings) != "draft"]
@@ -248,16 +258,11 @@ def _settle_set(states: list[_State], settings: Settings,
             return
 
 
-_MISSING = re.compile(r"names '(.+)', which has no manifest: add one or fix the name")
-
-
 def _explain(issue: Issue, drafts: set[str]) -> Issue:
     """Say so when a published manifest's missing reference is in fact only a draft."""
-    match = _MISSING.search(issue.message)
-    if match and match.group(1) in drafts:
-        return Issue(issue.tool, issue.path, issue.message.replace(
-            "which has no manifest: add one or fix the name",
-            "which is only a draft: approve it before a published manifest may use it"))
+    if issue.ref in drafts:
+        return Issue(issue.tool, issue.path, f"names {issue.ref!r}, which is only a draft: approve "
+                     "it before a published manifest may use it")
     return issue
 
 
@@ -353,7 +358,7 @@ def _events(st: _State, status: dict[str, Any]) -> list[Event]:
                                        or old.get("observedGeneration") != status["observedGeneration"]):
         events.append(Event(st.obj.name, "Warning", str(valid["reason"]), str(valid["message"])))
     if status.get("publishedChecksum") and status["publishedChecksum"] != old.get("publishedChecksum"):
-        signed = f", signed by key {status['keyId']}" if status["keyId"] else ", unsigned"
+        signed = f", signed by key {status['keyId']}" if status.get("keyId") else ", unsigned"
         events.append(Event(st.obj.name, "Normal", Reason.PUBLISHED,
                             f"version {status['publishedVersion']}{signed}, published in the bundle"))
     return events

@@ -30,7 +30,7 @@ class FormatError(ValueError):
     """A record or index that does not have the expected shape."""
 
 
-def _signature(value: Any) -> Signature | None:
+def signature_from_json(value: Any) -> Signature | None:
     if value is None:
         return None
     if (not isinstance(value, dict) or set(value) != {"key_id", "value"}
@@ -89,7 +89,7 @@ class VersionRecord:
                          action=data["action"], manifest=data["manifest"],
                          approved_by=data.get("approved_by"), note=data.get("note"),
                          source_version=data.get("source_version"),
-                         signature=_signature(data.get("signature")))
+                         signature=signature_from_json(data.get("signature")))
         except KeyError as exc:
             raise FormatError(f"the field {exc.args[0]!r} is missing") from exc
         if (not isinstance(record.tool, str) or type(record.version) is not int
@@ -124,7 +124,7 @@ def parse_index(data: Any) -> dict[str, list[IndexEntry]]:
             if not isinstance(e, dict) or type(e.get("version")) is not int:
                 raise FormatError(f"index.json: {tool} has an entry without an integer version")
             parsed.append(IndexEntry(e["version"], str(e.get("lifecycle")), str(e.get("checksum")),
-                                     _signature(e.get("signature"))))
+                                     signature_from_json(e.get("signature"))))
         out[tool] = sorted(parsed, key=lambda entry: entry.version)
     return out
 

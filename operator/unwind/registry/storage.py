@@ -20,6 +20,7 @@ only in case would share a folder; tool names are compared case-sensitively ever
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import re
@@ -112,7 +113,8 @@ class FolderStorage:
         # The version is linked into place (os.link fails if the name exists), so two
         # writers racing for the same number cannot overwrite each other: one gets
         # `conflict`. The index is replaced last, so a reader never sees an index entry
-        # whose file is not there yet.
+        # whose file is not there yet; it is re-read under a lock and only this tool's
+        # entry is taken from the caller, so concurrent writers of other tools are kept.
         final = Path(self.location(tool, version))
         final.parent.mkdir(parents=True, exist_ok=True)
         tmp = self._write_temp(final.parent, dump_json(record))
@@ -123,8 +125,15 @@ class FolderStorage:
                                 "another publish got there first; run the command again") from exc
         finally:
             os.unlink(tmp)
-        index_tmp = self._write_temp(self.root, dump_json(index))
-        os.replace(index_tmp, self.root / INDEX_FILE)
+        with open(self.root / ".lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            current = self.read_index()
+            if isinstance(current, dict) and isinstance(current.get("tools"), dict):
+                merged = {**current, "tools": {**current["tools"], tool: index["tools"][tool]}}
+            else:
+                merged = index
+            index_tmp = self._write_temp(self.root, dump_json(merged))
+            os.replace(index_tmp, self.root / INDEX_FILE)
 
     @staticmethod
     def _write_temp(folder: Path, data: bytes) -> str:
