@@ -1,9 +1,9 @@
-"""Shared test helpers."""
+"""Shared test setup."""
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
+from hypothesis import HealthCheck, settings
 
-ROOT = Path(__file__).resolve().parent.parent
-os.environ.setdefault("HYPOTHESIS_PROFILE", "default")
+# No per-example deadline: a busy CI machine must not turn a slow example into a failure.
+settings.register_profile("unwind", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("unwind")

@@ -244,3 +244,22 @@ def test_reconciles_and_bundle_writes_are_counted_in_prometheus_metrics(
     assert writes and float(writes[0].rsplit(" ", 1)[1]) >= 1
     assert 'unwind_reconciles_total{result="ok"}' in text
     assert "unwind_bundle_publish_latency_seconds_count" in text
+
+
+def test_a_manifest_another_reads_is_held_until_its_readers_are_deleted(
+        operator: OperatorProcess, kubeconfig: Path, k8s_api: client.ApiClient, namespace: str) -> None:
+    apply(kubeconfig, namespace, tm("read", READ), tm("cancel", CANCEL), tm("create", CREATE))
+    wait_for("finalizer", lambda: "unwind.dev/readers" in get(k8s_api, namespace, "cancel")["metadata"].get(
+        "finalizers", []))
+    kubectl(kubeconfig, "-n", namespace, "delete", "toolmanifest", "cancel", "--wait=false")
+    obj = wait_for("held", lambda: (o := get(k8s_api, namespace, "cancel"))
+                   and condition(o, "Ready")["reason"] == "DeletionBlocked" and o)
+    assert obj["metadata"]["deletionTimestamp"]
+    assert "still read by ToolManifest create (compensation.tool)" in condition(obj, "Ready")["message"]
+    assert enforced(k8s_api, namespace)["shop.cancel_order"] == 1
+    events = client.CoreV1Api(k8s_api).list_namespaced_event(namespace, field_selector="involvedObject.name=cancel")
+    assert any(e.reason == "DeletionBlocked" for e in events.items)
+    kubectl(kubeconfig, "-n", namespace, "delete", "toolmanifest", "create", "--wait=false")
+    wait_for("released", lambda: not kubectl(kubeconfig, "-n", namespace, "get", "toolmanifest", "cancel",
+                                             "--ignore-not-found"))
+    wait_for("bundle", lambda: enforced(k8s_api, namespace) == {"shop.get_order": 1})

@@ -9,6 +9,7 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from unwind.bundle import BUNDLE_NAME, INDEX_KEY, BundleError, load_bundle
+from unwind.operator.readers import FINALIZER
 from unwind.operator.reconcile import ManifestObject, Plan, Revision, Settings, plan
 from unwind.registry.signing import TrustStore, key_id, sign
 
@@ -54,6 +55,11 @@ class Cluster:
                                             old.status if old else {}, annotations or {},
                                             created=old.created if old else f"t{len(self.objects):04d}")
 
+    def mark_deleting(self, name: str) -> None:
+        o = self.objects[name]
+        self.objects[name] = ManifestObject(o.name, o.uid, o.generation, o.spec, o.status,
+                                            o.annotations, o.created, True, o.finalizers)
+
     def delete(self, name: str) -> None:
         obj = self.objects.pop(name)
         self.revisions = [r for r in self.revisions if r.owner_uid != obj.uid]
@@ -66,6 +72,10 @@ class Cluster:
             o = self.objects[name]
             self.objects[name] = ManifestObject(o.name, o.uid, o.generation, o.spec,
                                                 merge_patch(o.status, patch), o.annotations, o.created)
+        for name, (_, finalizers) in result.finalizers.items():
+            o = self.objects[name]
+            self.objects[name] = ManifestObject(o.name, o.uid, o.generation, o.spec, o.status,
+                                                o.annotations, o.created, o.deleting, tuple(finalizers))
         if result.bundle is not None:
             self.bundle = result.bundle
             self.bundle_writes += 1
@@ -271,3 +281,32 @@ def test_a_manifest_too_large_for_a_bundle_entry_is_invalid() -> None:
     c.reconcile()
     assert "bytes in canonical form" in c.condition("big", "Valid")["message"]
     assert c.enforced() == {}
+
+
+def test_a_manifest_another_reads_gets_the_readers_finalizer_and_lists_its_readers() -> None:
+    c = Cluster(read=READ, cancel=CANCEL, create=CREATE)
+    result = c.reconcile()
+    assert {n for n, (_, f) in result.finalizers.items() if FINALIZER in f} == {"cancel"}
+    assert c.objects["cancel"].status["readers"] == [{"name": "create", "path": "compensation.tool"}]
+    assert "readers" not in c.objects["read"].status
+
+
+def test_deleting_a_read_manifest_waits_and_says_who_reads_it() -> None:
+    c = Cluster(read=READ, cancel=CANCEL, create=CREATE)
+    c.reconcile()
+    c.mark_deleting("cancel")
+    result = c.reconcile()
+    assert "cancel" not in result.finalizers  # kept
+    assert [(e.name, e.reason) for e in result.events] == [("cancel", "DeletionBlocked")]
+    assert "still read by ToolManifest create (compensation.tool)" in result.events[0].message
+    assert c.enforced()["shop.cancel_order"] == 1  # still enforced while held
+
+
+def test_deleting_the_readers_in_the_same_sync_releases_the_manifest() -> None:
+    c = Cluster(read=READ, cancel=CANCEL, create=CREATE)
+    c.reconcile()
+    c.mark_deleting("cancel")
+    c.mark_deleting("create")
+    result = c.reconcile()
+    assert result.finalizers["cancel"][1] == []
+    assert not [e for e in result.events if e.reason == "DeletionBlocked"]

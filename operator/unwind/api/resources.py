@@ -33,6 +33,11 @@ class LintSummary(_Status):
     findings: list[LintFinding] = Field(default_factory=list, description="At most 20 findings.")
 
 
+class ReaderRef(_Status):
+    name: str = Field(description="A ToolManifest that names this tool.")
+    path: str = Field(description="The field that names it, e.g. compensation.tool.")
+
+
 class ToolManifestStatus(_Status):
     """What the operator made of the manifest."""
 
@@ -44,6 +49,7 @@ class ToolManifestStatus(_Status):
     publishedVersion: int | None = Field(None, description="Version currently in the namespace bundle; may lag an invalid edit.")
     publishedChecksum: str | None = Field(None, description="Checksum of the version in the bundle.")
     lint: LintSummary | None = None
+    readers: list[ReaderRef] = Field(default_factory=list, description="Live manifests that name this tool; while any exists, deletion waits (finalizer unwind.dev/readers).")
     conditions: list[Condition] = Field(default_factory=list, description="Valid, Approved, Signed, Published, Ready.")
 
 

@@ -109,6 +109,7 @@ def reconcile_namespace(kube: Kube, namespace: str, signer: Any, kid: str | None
         manifests, revisions, bundle, versions = kube.snapshot(namespace)
         result = plan(namespace, manifests, revisions, bundle, signer, kid, settings, now_rfc3339())
         kube.create_revisions(namespace, result.new_revisions)
+        kube.patch_finalizers(namespace, result.finalizers)  # before statuses: it needs the old rv
         if result.bundle is not None:
             writes = kube.write_bundle(namespace, result.bundle, bundle, versions)
             metrics.BUNDLE_WRITES.labels(namespace).inc(writes)

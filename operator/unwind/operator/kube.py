@@ -68,7 +68,10 @@ class Kube:
             generation=int(i["metadata"].get("generation") or 0), spec=i.get("spec"),
             status=i.get("status") or {},
             annotations={k: v for k, v in (i["metadata"].get("annotations") or {}).items() if k == APPLIED_BY},
-            created=i["metadata"].get("creationTimestamp") or "")
+            created=i["metadata"].get("creationTimestamp") or "",
+            deleting=bool(i["metadata"].get("deletionTimestamp")),
+            finalizers=tuple(i["metadata"].get("finalizers") or ()),
+            resource_version=i["metadata"].get("resourceVersion") or "")
             for i in self._pages(self.custom.list_namespaced_custom_object,
                                  API_GROUP, API_VERSION, namespace, PLURAL)]
         revisions = []
@@ -117,6 +120,20 @@ class Kube:
                 if exc.status != 409:  # 409: recorded by an earlier run; revisions are immutable
                     raise
         list(self.pool.map(create, revisions))
+
+    def patch_finalizers(self, namespace: str, updates: dict[str, tuple[str, list[str]]]) -> None:
+        """Set each object's finalizers, conditional on the resourceVersion the plan saw (a
+        concurrent change makes this 409, and the next reconcile decides again)."""
+        def patch(item: tuple[str, tuple[str, list[str]]]) -> None:
+            name, (rv, finalizers) = item
+            body = {"metadata": {"resourceVersion": rv, "finalizers": finalizers or None}}
+            try:
+                _discard(self.custom.patch_namespaced_custom_object(
+                    API_GROUP, API_VERSION, namespace, PLURAL, name, body, _preload_content=False))
+            except ApiException as exc:
+                if exc.status != 404:
+                    raise
+        list(self.pool.map(patch, updates.items()))
 
     def patch_statuses(self, namespace: str, statuses: dict[str, dict[str, Any]]) -> None:
         def patch(item: tuple[str, dict[str, Any]]) -> None:

@@ -26,6 +26,7 @@ from ..manifest.lint import lint
 from ..manifest.model import ToolManifest
 from ..manifest.validate import validate_manifest, validate_set
 from ..registry.signing import Signature, signing_message
+from .readers import Held, Reader, blocked_message, finalizer_updates, readers_of
 
 APPLIED_BY = "unwind.dev/applied-by"  # stamped by the admission webhook (next issue)
 MAX_FINDINGS = 20
@@ -51,6 +52,7 @@ class Reason:
     NOT_PUBLISHED = "NotPublished"
     READY = "Ready"
     DRAFT_RECORDED = "DraftRecorded"
+    DELETION_BLOCKED = "DeletionBlocked"
 
 
 @dataclass(frozen=True)
@@ -62,6 +64,9 @@ class ManifestObject:
     status: dict[str, Any]
     annotations: dict[str, str] = field(default_factory=dict)
     created: str = ""
+    deleting: bool = False
+    finalizers: tuple[str, ...] = ()
+    resource_version: str = ""
 
 
 @dataclass(frozen=True)
@@ -94,6 +99,7 @@ class Plan:
     bundle: BundleData | None = None  # None: the current bundle is already right
     events: list[Event] = field(default_factory=list)
     published: int = 0
+    finalizers: dict[str, tuple[str, list[str]]] = field(default_factory=dict)  # name -> (rv, list)
 
 
 Signer = Callable[[bytes], Signature] | None
@@ -199,9 +205,21 @@ def plan(namespace: str, manifests: Sequence[ManifestObject], revisions: Sequenc
     if bundle != current_bundle and (manifests or current_bundle):
         out.bundle = bundle
 
+    held = []
+    for st in states:
+        declared = st.chosen or st.model
+        held.append(Held(st.obj.name, st.obj.deleting, st.obj.finalizers,
+                         declared.tool if declared else None,
+                         tuple(m for m in (st.model, st.chosen) if m is not None)))
+    readers = readers_of(held)
+    versions = {st.obj.name: st.obj.resource_version for st in states}
+    for name, finalizers in finalizer_updates(held, readers).items():
+        out.finalizers[name] = (versions[name], finalizers)
+
     findings = _lint_by_tool([st.model for st in states if st.model is not None and not st.issues])
     for st in states:
-        status = _status(st, published.get(st.obj.name), key_id, findings, settings, now)
+        status = _status(st, published.get(st.obj.name), key_id, findings, settings, now,
+                         readers.get(st.obj.name, []))
         if status != st.obj.status:
             # A merge patch keeps what it does not mention: name each dropped field as null.
             out.statuses[st.obj.name] = {**dict.fromkeys(set(st.obj.status) - set(status)), **status}
@@ -274,7 +292,8 @@ def _lint_by_tool(models: list[ToolManifest]) -> dict[str, list[dict[str, str]]]
 
 
 def _status(st: _State, entry: BundleEntry | None, key_id: str | None,
-            findings: dict[str, list[dict[str, str]]], settings: Settings, now: str) -> dict[str, Any]:
+            findings: dict[str, list[dict[str, str]]], settings: Settings, now: str,
+            readers: list[Reader]) -> dict[str, Any]:
     obj, gen = st.obj, st.obj.generation
     conds: list[dict[str, object]] = list(obj.status.get("conditions") or [])
     valid = st.model is not None and not st.issues
@@ -321,7 +340,9 @@ def _status(st: _State, entry: BundleEntry | None, key_id: str | None,
     else:
         cond("Published", False, Reason.NOT_PUBLISHED, "no valid version of this manifest to publish")
 
-    if valid and entry is not None and entry.checksum == st.digest:
+    if obj.deleting and readers:
+        cond("Ready", False, Reason.DELETION_BLOCKED, blocked_message(readers))
+    elif valid and entry is not None and entry.checksum == st.digest:
         cond("Ready", True, Reason.READY, f"version {entry.version} is enforced")
     elif valid and lifecycle == "draft":
         cond("Ready", True, Reason.DRAFT_RECORDED, f"draft version {st.version} recorded, not enforced")
@@ -342,6 +363,7 @@ def _status(st: _State, entry: BundleEntry | None, key_id: str | None,
                  "warnings": sum(f["level"] == "warning" for f in found),
                  "notes": sum(f["level"] == "info" for f in found),
                  "findings": found[:MAX_FINDINGS]},
+        "readers": [r.to_json() for r in readers] or None,
         "conditions": conds,
     }
     # Unset fields are left out rather than null, so an unchanged status compares equal to
@@ -352,6 +374,11 @@ def _status(st: _State, entry: BundleEntry | None, key_id: str | None,
 def _events(st: _State, status: dict[str, Any]) -> list[Event]:
     old = st.obj.status
     events = []
+    ready = next(c for c in status["conditions"] if c["type"] == "Ready")
+    old_ready: dict[str, Any] = next(
+        (c for c in old.get("conditions") or [] if c.get("type") == "Ready"), {})
+    if ready["reason"] == Reason.DELETION_BLOCKED and ready["message"] != old_ready.get("message"):
+        events.append(Event(st.obj.name, "Warning", Reason.DELETION_BLOCKED, str(ready["message"])))
     valid = next(c for c in status["conditions"] if c["type"] == "Valid")
     old_valid: dict[str, Any] = next((c for c in old.get("conditions") or [] if c.get("type") == "Valid"), {})
     if valid["status"] == "False" and (old_valid.get("message") != valid["message"]
