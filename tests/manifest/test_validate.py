@@ -196,7 +196,7 @@ def test_every_reference_place_must_exist() -> None:
                                                   "arguments": {"k": "$key"}},
                  draft={"tool": "a.draft", "promote": "a.promote", "discard": "a.discard"})
     paths = [i.path for i in validate_set(parsed(data, READ, CANCEL))]
-    assert paths == ["requires[0]", "lookup.tool", "draft.tool", "draft.promote", "draft.discard"]
+    assert paths == ["requires[0].tool", "lookup.tool", "draft.tool", "draft.promote", "draft.discard"]
 
 
 def test_replaced_by_must_exist() -> None:

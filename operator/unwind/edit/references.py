@@ -2,8 +2,10 @@
 
 This table is the contract (semantic-edits-adr.txt §3, DESIGN.md §5): rename
 rewrites exactly these places and remove refuses while any reader in them
-remains. A place that names a tool but is missing here is a bug; add it here
-and nowhere else, and both operations follow.
+remains. Its manifest rows come from `unwind.manifest.places.READER_PLACES`,
+the one table that set validation and the operator's readers finalizer read
+too: a manifest field that names a tool is added there, and all of them
+follow. The rows for contract test cases and resources live here.
 
 Field paths are tuples of mapping keys, with `[]` meaning "every item of this
 list". A path only matches when it ends on a scalar, which is how `requires`
@@ -32,11 +34,12 @@ from typing import Any, Literal
 
 from ruamel.yaml.nodes import MappingNode, ScalarNode, SequenceNode
 
+from unwind.manifest.places import EACH, READER_PLACES, SHORTHANDS
+
 Owner = Literal["manifest", "test_case", "resource"]
 Role = Literal["definition", "reader", "object_name"]
 
 STR_TAG = "tag:yaml.org,2002:str"
-EACH = "[]"
 
 
 @dataclass(frozen=True)
@@ -51,20 +54,12 @@ class Place:
 
 REFERENCES: tuple[Place, ...] = (
     Place("manifest", ("tool",), "definition", "the tool's own name"),
-    Place("manifest", ("compensation", "tool"), "reader", "the tool that undoes this one"),
-    Place(
-        "manifest",
-        ("compensation", "verification", "tool"),
-        "reader",
-        "the read-only tool that checks the undo",
-    ),
-    Place("manifest", ("requires", EACH), "reader", "a required tool, string form"),
-    Place("manifest", ("requires", EACH, "tool"), "reader", "a required tool, {tool, status} form"),
-    Place("manifest", ("replaced_by",), "reader", "the tool to use instead of a deprecated one"),
-    Place("manifest", ("lookup", "tool"), "reader", "the read-only tool that finds a lost effect"),
-    Place("manifest", ("draft", "tool"), "reader", "the tool that stages the call"),
-    Place("manifest", ("draft", "promote"), "reader", "the tool that makes a draft real"),
-    Place("manifest", ("draft", "discard"), "reader", "the tool that drops a draft"),
+    # The manifest's reader places come from the one table in unwind.manifest.places,
+    # each with its string shorthand where the format allows one.
+    *(row for p in READER_PLACES for row in (
+        (Place("manifest", SHORTHANDS[p.field], "reader", f"{p.why}, string form"),
+         Place("manifest", p.field, "reader", f"{p.why}, {{tool, status}} form"))
+        if p.field in SHORTHANDS else (Place("manifest", p.field, "reader", p.why),))),
     Place("test_case", ("tool",), "reader", "the tool a contract test case calls"),
     Place("test_case", ("after", EACH), "reader", "a tool a test case runs first"),
     Place("resource", ("metadata", "name"), "object_name", "the Kubernetes object name"),

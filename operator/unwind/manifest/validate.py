@@ -16,6 +16,7 @@ from pydantic import ValidationError
 
 from .issues import Issue, issues_from_validation_error
 from .model import TOOL_NAME_PATTERN, UNDOABLE, Effect, ToolManifest
+from .places import READER_PLACES, names_at
 from .refs import RefSyntaxError, parse_ref
 
 Finding = tuple[str, str]
@@ -242,21 +243,8 @@ def validate_manifest(data: Any) -> tuple[ToolManifest | None, list[Issue]]:
 
 def tool_references(m: ToolManifest) -> Iterator[tuple[str, str]]:
     """(field path, tool name) for every place a manifest names another tool."""
-    if m.compensation:
-        yield "compensation.tool", m.compensation.tool
-        if m.compensation.verification:
-            yield "compensation.verification.tool", m.compensation.verification.tool
-    for i, req in enumerate(m.requires):
-        yield f"requires[{i}]", req.tool
-    if m.replaced_by:
-        yield "replaced_by", m.replaced_by
-    if m.lookup:
-        yield "lookup.tool", m.lookup.tool
-    if m.draft:
-        yield "draft.tool", m.draft.tool
-        yield "draft.promote", m.draft.promote
-        if m.draft.discard:
-            yield "draft.discard", m.draft.discard
+    for place in READER_PLACES:
+        yield from names_at(m, place.field)
 
 
 SetRule = Callable[[Sequence[ToolManifest], dict[str, ToolManifest]], Iterator[Issue]]
