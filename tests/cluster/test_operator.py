@@ -196,6 +196,10 @@ def test_the_operator_killed_and_restarted_converges_without_extra_versions(
         operator: OperatorProcess, kubeconfig: Path, k8s_api: client.ApiClient, namespace: str) -> None:
     apply(kubeconfig, namespace, tm("read", READ), tm("cancel", CANCEL), tm("create", CREATE))
     wait_for("published", lambda: len(enforced(k8s_api, namespace)) == 3)
+    # The bundle is written before the statuses: wait for those too before taking the picture.
+    for name in ("read", "cancel", "create"):
+        wait_for(f"{name} ready", lambda n=name: (o := settled(k8s_api, namespace, n))
+                 and condition(o, "Ready")["status"] == "True")
     before = (revisions(k8s_api, namespace), bundle(k8s_api, namespace),
               {n: get(k8s_api, namespace, n)["status"] for n in ("read", "cancel", "create")})
     operator.stop(sig=9)
@@ -238,7 +242,11 @@ def test_reconciles_and_bundle_writes_are_counted_in_prometheus_metrics(
         operator: OperatorProcess, kubeconfig: Path, k8s_api: client.ApiClient, namespace: str) -> None:
     apply(kubeconfig, namespace, tm("read", READ))
     wait_for("published", lambda: enforced(k8s_api, namespace) == {"shop.get_order": 1})
-    text = urllib.request.urlopen(f"http://127.0.0.1:{METRICS_PORT}/metrics", timeout=5).read().decode()
+
+    def metrics() -> str:
+        return urllib.request.urlopen(f"http://127.0.0.1:{METRICS_PORT}/metrics", timeout=5).read().decode()
+
+    text = wait_for("a finished reconcile", lambda: (t := metrics()) and 'result="ok"' in t and t)
     writes = [line for line in text.splitlines()
               if line.startswith("unwind_bundle_writes_total") and f'namespace="{namespace}"' in line]
     assert writes and float(writes[0].rsplit(" ", 1)[1]) >= 1
