@@ -43,7 +43,7 @@ def _valid_or_report(result: CheckResult) -> bool:
 
 
 def cmd_lint(args: argparse.Namespace) -> int:
-    from ..manifest.lint import lint, lint_report_json
+    from ..manifest.lint import lint, lint_report_json, lint_report_text
 
     result = check_paths(args.paths)
     if not _valid_or_report(result):
@@ -68,9 +68,7 @@ def cmd_lint(args: argparse.Namespace) -> int:
     if args.json:
         _print_json(report)
     else:
-        for f in findings:
-            print(f"{f.level:<8}{f.code}  {f.tool}: {f.message}")
-        print(f"{report['errors']} errors, {report['warnings']} warnings, {report['notes']} notes")
+        print(lint_report_text(findings))
     if report["errors"] or (args.strict and report["warnings"]):
         return 1
     return 0
