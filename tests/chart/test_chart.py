@@ -13,10 +13,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import helm_python as helm
 import pytest
 import yaml
-
-helm = pytest.importorskip("helm_python", reason="helm-python-sdk is not installed")
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART_DIR = ROOT / "charts" / "unwind"
