@@ -267,3 +267,19 @@ def test_irreversible_tools_are_forced_to_need_approval() -> None:
 def test_a_non_mapping_is_refused_with_a_sentence() -> None:
     manifest, issues = validate_manifest(["not", "a", "mapping"])
     assert manifest is None and "must be a mapping" in issues[0].message
+
+
+def test_a_field_error_does_not_hide_the_rule_errors_of_the_same_manifest() -> None:
+    data = {"tool": "shop.pay", "effect": "compensable", "permission": "shop:write", "colour": "red",
+            "timeout_ms": "soon", "retry": {"attempts": 2}}
+    model, issues = validate_manifest(data)
+    assert model is None
+    paths = {i.path for i in issues}
+    assert {"colour", "timeout_ms", "retry", "compensation"} <= paths
+
+
+def test_a_rule_about_a_field_that_failed_is_not_reported_twice() -> None:
+    data = {"tool": "shop.pay", "effect": "compensable", "permission": "shop:write",
+            "compensation": {"tool": "shop.refund", "argument_map": "nope"}}
+    _, issues = validate_manifest(data)
+    assert [i.path for i in issues] == ["compensation.argument_map"]

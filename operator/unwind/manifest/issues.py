@@ -3,6 +3,7 @@ act on (the field path, what is wrong, what to write instead)."""
 
 from __future__ import annotations
 
+import copy
 import difflib
 from dataclasses import dataclass, field, replace
 from typing import Any, get_args
@@ -49,7 +50,7 @@ def format_path(loc: tuple[str | int, ...]) -> str:
     return out
 
 
-def _input_path(data: Any, loc: tuple[int | str, ...]) -> tuple[str | int, ...]:
+def input_path(data: Any, loc: tuple[int | str, ...]) -> tuple[str | int, ...]:
     """Keep the parts of pydantic's loc that name places in the input; drop union branch
     names (``str``, ``HeaderValue``) that pydantic inserts."""
     path: list[str | int] = []
@@ -67,6 +68,26 @@ def _input_path(data: Any, loc: tuple[int | str, ...]) -> tuple[str | int, ...]:
             path.append(part)
             current = None
     return tuple(path)
+
+
+def without_paths(data: Any, paths: set[tuple[str | int, ...]]) -> Any:
+    """A deep copy of ``data`` with the values at ``paths`` removed (list items by index,
+    highest first, so removing one does not shift another)."""
+    out = copy.deepcopy(data)
+    order = sorted(paths, key=lambda p: [(0, x) if isinstance(x, int) else (1, x) for x in p], reverse=True)
+    for path in order:
+        if not path:
+            continue
+        parent = out
+        for part in path[:-1]:
+            parent = parent.get(part) if isinstance(parent, dict) else (
+                parent[part] if isinstance(parent, list) and isinstance(part, int) and part < len(parent) else None)
+        last = path[-1]
+        if isinstance(parent, dict):
+            parent.pop(last, None)
+        elif isinstance(parent, list) and isinstance(last, int) and last < len(parent):
+            del parent[last]
+    return out
 
 
 _BRANCH_NAMES = {"str", "int", "float", "bool", "list", "dict", "none", "literal"}
@@ -99,7 +120,7 @@ def issues_from_validation_error(
     known = sorted(_all_field_names(model))
     issues: list[Issue] = []
     seen: set[tuple[str, str]] = set()
-    errors = [(_input_path(data, tuple(e["loc"])), e) for e in error.errors(include_url=False)]
+    errors = [(input_path(data, tuple(e["loc"])), e) for e in error.errors(include_url=False)]
     # In a union, the branch the input did not mean reports a type error at the same place
     # where the branch it meant reports something deeper; keep only the deeper one.
     deeper = {loc[:n] for loc, _ in errors for n in range(len(loc))}

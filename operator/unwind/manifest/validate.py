@@ -14,7 +14,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from .issues import Issue, issues_from_validation_error
+from .issues import Issue, format_path, input_path, issues_from_validation_error, without_paths
 from .model import TOOL_NAME_PATTERN, UNDOABLE, Effect, ToolManifest
 from .places import READER_PLACES, names_at
 from .refs import RefSyntaxError, parse_ref
@@ -234,9 +234,28 @@ def validate_manifest(data: Any) -> tuple[ToolManifest | None, list[Issue]]:
     try:
         manifest = ToolManifest.model_validate(data)
     except ValidationError as exc:
-        return None, issues_from_validation_error(exc, data, tool, ToolManifest)
+        return None, issues_from_validation_error(exc, data, tool, ToolManifest) + _rules_despite(exc, data)
     issues = [Issue(manifest.tool, path, msg) for rule in MANIFEST_RULES for path, msg in rule(manifest)]
     return manifest, issues
+
+
+def _rules_despite(error: ValidationError, data: dict[str, Any]) -> list[Issue]:
+    """The rule errors that field errors would hide: check the manifest again without the
+    fields that failed, and keep the findings that do not touch those fields. Every error
+    of a manifest then shows in one run, not in rounds."""
+    failed = {input_path(data, tuple(e["loc"])) for e in error.errors(include_url=False)}
+    pruned = without_paths(data, failed)
+    try:
+        manifest = ToolManifest.model_validate(pruned)
+    except ValidationError:
+        return []  # a required field failed: nothing sound is left to check the rules on
+    removed = [format_path(p) for p in failed]
+
+    def touches(path: str) -> bool:
+        return any(path == r or path.startswith((r + ".", r + "[")) or r.startswith((path + ".", path + "["))
+                   for r in removed)
+    return [Issue(manifest.tool, path, msg) for rule in MANIFEST_RULES for path, msg in rule(manifest)
+            if not touches(path)]
 
 
 # ---- set level -------------------------------------------------------------------------
