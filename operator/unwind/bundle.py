@@ -48,6 +48,7 @@ class BundleEntry:
     manifest: bytes  # the canonical JSON the checksum and signature cover
     signature: Signature | None
     source: str  # the ToolManifest object it came from
+    lifecycle: str = "approved"  # as enforced: approved or deprecated (the spec may say draft)
 
 
 def entry_key(tool: str) -> str:
@@ -85,6 +86,7 @@ def build_bundle(namespace: str, entries: Sequence[BundleEntry]) -> BundleData:
             e.tool: {
                 "version": e.version, "checksum": e.checksum, "key": entry_key(e.tool),
                 "configMap": placement.get(entry_key(e.tool), BUNDLE_NAME), "source": e.source,
+                "lifecycle": e.lifecycle,
                 "signature": e.signature.to_json() if e.signature else None,
             } for e in ordered
         },
@@ -138,7 +140,10 @@ def load_bundle(configmaps: Mapping[str, Mapping[str, str]],
             raise BundleError(f"{where}: the manifest is invalid: {issues[0] if issues else ''}")
         if manifest.tool != tool:
             raise BundleError(f"{where}: the manifest is for {manifest.tool!r}")
-        # The signed bytes keep the author's `version`; the version that counts is the
-        # registry's, from the index (the one the signature names).
-        out[tool] = manifest.model_copy(update={"version": version})
+        lifecycle = info.get("lifecycle", "approved")
+        if lifecycle not in ("approved", "deprecated"):
+            raise BundleError(f"{where}: lifecycle {lifecycle!r} is not enforceable")
+        # The signed bytes keep the author's `version` and `lifecycle`; what counts is the
+        # registry's version (the one the signature names) and the lifecycle it was approved as.
+        out[tool] = manifest.model_copy(update={"version": version, "lifecycle": lifecycle})
     return out

@@ -9,6 +9,10 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from unwind.bundle import BUNDLE_NAME, INDEX_KEY, BundleError, load_bundle
+from unwind.manifest.canonical import checksum
+from unwind.manifest.validate import validate_manifest
+from unwind.operator.approval import ApprovalObject
+from unwind.operator.identity import Identity, stamp_annotations
 from unwind.operator.readers import FINALIZER
 from unwind.operator.reconcile import ManifestObject, Plan, Revision, Settings, plan
 from unwind.registry.signing import TrustStore, key_id, sign
@@ -17,6 +21,23 @@ KEY = Ed25519PrivateKey.generate()
 KID = key_id(KEY.public_key())
 TRUST = TrustStore([KEY.public_key()])
 NOW = "2026-11-30T00:00:00Z"
+ARGO = "system:serviceaccount:argocd:argocd-application-controller"
+SETTINGS = Settings(trusted_appliers=(ARGO,), stamp_trust=TRUST)
+
+
+def signer(message: bytes) -> Any:
+    return sign(KEY, message)
+
+
+def stamped(kind: str, spec: Any, user: str, groups: tuple[str, ...] = ()) -> dict[str, str]:
+    """The annotations the admission webhook writes for this user."""
+    return stamp_annotations(kind, "shop", spec, Identity(user, groups), signer)
+
+
+def version_of(spec: dict[str, Any]) -> str:
+    model, issues = validate_manifest(spec)
+    assert model is not None and not issues
+    return checksum(model)
 
 READ = {"tool": "shop.get_order", "effect": "read_only", "permission": "shop:read"}
 CANCEL = {"tool": "shop.cancel_order", "effect": "idempotent", "permission": "shop:write"}
@@ -45,10 +66,14 @@ class Cluster:
         self.revisions: list[Revision] = []
         self.bundle: dict[str, dict[str, str]] = {}
         self.bundle_writes = 0
+        self.approvals: list[ApprovalObject] = []
         for name, spec in specs.items():
             self.apply(name, spec)
 
-    def apply(self, name: str, spec: dict[str, Any], annotations: dict[str, str] | None = None) -> None:
+    def apply(self, name: str, spec: dict[str, Any], annotations: dict[str, str] | None = None,
+              by: str = ARGO) -> None:
+        """Apply as ``by`` (stamped by the webhook) unless raw annotations are given."""
+        annotations = stamped("ToolManifest", spec, by) if annotations is None else annotations
         old = self.objects.get(name)
         gen = (old.generation + (old.spec != spec)) if old else 1
         self.objects[name] = ManifestObject(name, f"uid-{name}", gen, copy.deepcopy(spec),
@@ -64,9 +89,17 @@ class Cluster:
         obj = self.objects.pop(name)
         self.revisions = [r for r in self.revisions if r.owner_uid != obj.uid]
 
+    def decide(self, name: str, by: str, decision: str = "approve", digest: str | None = None,
+               groups: tuple[str, ...] = (), reason: str = "", stamp: bool = True) -> None:
+        spec = {"target": {"toolManifest": name, "checksum": digest or version_of(self.objects[name].spec)},
+                "decision": decision, **({"reason": reason} if reason else {})}
+        annotations = stamped("Approval", spec, by, groups) if stamp else {"unwind.dev/approver": by}
+        self.approvals.append(ApprovalObject(f"{by}-{len(self.approvals)}", f"a{len(self.approvals):04d}",
+                                             spec, annotations))
+
     def reconcile(self, settings: Settings | None = None) -> Plan:
         result = plan("shop", list(self.objects.values()), self.revisions, self.bundle,
-                      lambda m: sign(KEY, m), KID, settings or Settings(), NOW)
+                      signer, KID, settings or SETTINGS, NOW, self.approvals)
         self.revisions.extend(result.new_revisions)
         for name, patch in result.statuses.items():
             o = self.objects[name]
@@ -145,7 +178,7 @@ def test_a_published_manifest_may_not_lean_on_a_draft() -> None:
     c.reconcile()
     valid = c.condition("create", "Valid")
     assert valid["reason"] == "SetValidationFailed"
-    assert "'shop.cancel_order', which is only a draft" in valid["message"]
+    assert "'shop.cancel_order', which has no approved version: approve it first" in valid["message"]
     assert "shop.create_order" not in c.enforced()
 
 
@@ -186,12 +219,130 @@ def test_the_second_manifest_for_a_tool_is_refused() -> None:
     assert c.condition("first", "Ready")["status"] == "True"
 
 
-def test_approved_from_an_untrusted_applier_stays_a_draft() -> None:
+def test_approved_from_an_untrusted_applier_waits_and_says_how_to_approve_it() -> None:
     c = Cluster()
-    c.apply("read", READ, annotations={"unwind.dev/applied-by": "mallory"})
-    c.reconcile(Settings(trusted_appliers=("system:serviceaccount:argocd:argocd-application-controller",)))
-    assert c.condition("read", "Approved")["reason"] == "UntrustedApplier"
+    c.apply("read", READ, by="mallory")
+    c.reconcile()
+    approved = c.condition("read", "Approved")
+    assert approved["reason"] == "AwaitingApproval"
+    assert "applied by mallory, who is not in trustedAppliers" in approved["message"]
+    assert "`kubectl unwind approve tm/read -n shop` (as someone other than mallory)" in approved["message"]
+    assert c.condition("read", "Ready")["status"] == "False"
+    assert c.objects["read"].status["lifecycle"] == "draft"
     assert c.enforced() == {}
+
+
+def test_a_hand_written_applied_by_annotation_does_not_make_a_trusted_applier() -> None:
+    c = Cluster()
+    c.apply("read", READ, annotations={"unwind.dev/applied-by": ARGO})
+    c.reconcile()
+    approved = c.condition("read", "Approved")
+    assert approved["reason"] == "AwaitingApproval"
+    assert "not stamped by the Unwind admission webhook (unsigned)" in approved["message"]
+    assert c.enforced() == {}
+
+
+def test_a_stamp_copied_onto_another_spec_does_not_count() -> None:
+    c = Cluster()
+    c.apply("read", READ, annotations=stamped("ToolManifest", CANCEL, ARGO))
+    c.reconcile()
+    assert "bad_signature" in c.condition("read", "Approved")["message"]
+    assert c.enforced() == {}
+
+
+def test_another_users_approval_publishes_the_version_and_names_the_approver() -> None:
+    c = Cluster()
+    c.apply("read", READ, by="alice")
+    c.reconcile()
+    c.decide("read", "bob", groups=("reviewers",))
+    c.reconcile()
+    assert c.enforced() == {"shop.get_order": 1}
+    approved = c.condition("read", "Approved")
+    assert (approved["status"], approved["reason"]) == ("True", "Approved")
+    assert approved["message"].startswith("version 1 approved by bob (Approval bob-0)")
+    by = c.objects["read"].status["approvedBy"]
+    assert (by["user"], by["groups"], by["approval"]) == ("bob", ["reviewers"], "bob-0")
+    assert c.objects["read"].status["lifecycle"] == "approved"
+
+
+def test_the_authors_own_approval_does_not_count_under_four_eyes() -> None:
+    c = Cluster()
+    c.apply("read", READ, by="alice")
+    c.decide("read", "alice")
+    c.reconcile()
+    assert c.enforced() == {}
+    assert "Approval alice-0 is by alice, who last changed the spec" in c.condition("read", "Approved")["message"]
+    c.reconcile(Settings(trusted_appliers=(), four_eyes=False, stamp_trust=TRUST))
+    assert c.enforced() == {"shop.get_order": 1}
+
+
+def test_an_approval_written_around_the_webhook_is_ignored_with_why() -> None:
+    c = Cluster()
+    c.apply("read", READ, by="alice")
+    c.decide("read", "bob", stamp=False)
+    c.reconcile()
+    assert c.enforced() == {}
+    assert "Approval bob-0: the recorded identity 'bob' is not stamped" in c.condition("read", "Approved")["message"]
+
+
+def test_a_spec_change_needs_a_new_approval_and_the_approved_version_stays_meanwhile() -> None:
+    c = Cluster()
+    c.apply("read", READ, by="alice")
+    c.decide("read", "bob")
+    c.reconcile()
+    c.apply("read", {**READ, "description": "changed"}, by="alice")
+    c.reconcile()
+    assert c.enforced() == {"shop.get_order": 1}
+    assert c.condition("read", "Approved")["reason"] == "AwaitingApproval"
+    assert c.condition("read", "Published")["reason"] == "LastApprovedVersionPublished"
+    assert "version 1 stays enforced" in c.condition("read", "Ready")["message"]
+    c.decide("read", "bob")
+    c.reconcile()
+    assert c.enforced() == {"shop.get_order": 2}
+
+
+def test_a_deny_is_final_for_its_version() -> None:
+    c = Cluster()
+    c.apply("read", READ, by="alice")
+    c.decide("read", "carol", "deny", reason="reads card numbers")
+    c.decide("read", "bob")
+    c.reconcile()
+    assert c.enforced() == {}
+    approved = c.condition("read", "Approved")
+    assert approved["reason"] == "Denied"
+    assert "denied by carol (Approval carol-0): reads card numbers; a deny is final" in approved["message"]
+    assert [e.reason for e in c.reconcile().events] == []
+    c.apply("read", {**READ, "description": "no card numbers"}, by="alice")
+    c.decide("read", "bob")
+    c.reconcile()
+    assert c.enforced() == {"shop.get_order": 2}
+
+
+def test_a_deny_keeps_a_trusted_appliers_version_out_of_the_bundle() -> None:
+    c = Cluster(read=READ)
+    c.decide("read", "carol", "deny")
+    c.reconcile()
+    assert c.enforced() == {}
+
+
+def test_an_approved_draft_is_enforced_as_approved() -> None:
+    c = Cluster()
+    draft = {**READ, "lifecycle": "draft"}
+    c.apply("read", draft, by="alice")
+    c.reconcile()
+    assert c.condition("read", "Approved")["reason"] == "Draft"
+    assert c.condition("read", "Ready")["reason"] == "DraftRecorded"
+    c.decide("read", "bob")
+    c.reconcile()
+    assert load_bundle(c.bundle, TRUST)["shop.get_order"].lifecycle == "approved"
+
+
+def test_a_deprecated_version_is_enforced_as_deprecated() -> None:
+    c = Cluster(read=READ, new={**READ, "tool": "shop.get_order_v2"})
+    c.apply("read", {**READ, "lifecycle": "deprecated", "replaced_by": "shop.get_order_v2"})
+    c.reconcile()
+    assert load_bundle(c.bundle, TRUST)["shop.get_order"].lifecycle == "deprecated"
+    assert c.objects["read"].status["lifecycle"] == "deprecated"
 
 
 def test_a_large_bundle_is_sharded_and_still_verifies() -> None:
@@ -270,7 +421,7 @@ def test_a_last_good_version_keeps_its_tool_against_a_newer_duplicate() -> None:
 
 def test_without_a_signing_key_versions_are_published_unsigned() -> None:
     c = Cluster(read=READ)
-    result = plan("shop", list(c.objects.values()), [], {}, None, None, Settings(), NOW)
+    result = plan("shop", list(c.objects.values()), [], {}, None, None, SETTINGS, NOW)
     assert result.published == 1
     status = result.statuses["read"]
     assert next(x for x in status["conditions"] if x["type"] == "Signed")["reason"] == "NoSigningKey"

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ..manifest.model import ToolManifest
 from .conditions import Condition
@@ -38,6 +38,13 @@ class ReaderRef(_Status):
     path: str = Field(description="The field that names it, e.g. compensation.tool.")
 
 
+class ApprovedBy(_Status):
+    user: str = Field(description="Username, as the API server authenticated it (service accounts as system:serviceaccount:NS:NAME).")
+    groups: list[str] = Field(default_factory=list, description="The user's groups at the time.")
+    approval: str | None = Field(None, description="The Approval object that approved it; absent when a trusted applier published it.")
+    checksum: str = Field(description="The version (by checksum) this approval is for.")
+
+
 class ToolManifestStatus(_Status):
     """What the operator made of the manifest."""
 
@@ -50,6 +57,7 @@ class ToolManifestStatus(_Status):
     publishedChecksum: str | None = Field(None, description="Checksum of the version in the bundle.")
     lint: LintSummary | None = None
     readers: list[ReaderRef] = Field(default_factory=list, description="Live manifests that name this tool; while any exists, deletion waits (finalizer unwind.dev/readers).")
+    approvedBy: ApprovedBy | None = Field(None, description="Who approved the enforced version: an Approval's approver, or the trusted applier.")
     conditions: list[Condition] = Field(default_factory=list, description="Valid, Approved, Signed, Published, Ready.")
 
 
@@ -66,18 +74,36 @@ class LedgerStatus(_Status):
 
 
 class ApprovalTarget(_Status):
-    toolManifest: str | None = Field(None, description="Name of a ToolManifest to approve.")
-    checksum: str | None = Field(None, description="The exact manifest version, by checksum.")
-    effectLedger: str | None = Field(None, description="Name of an EffectLedger.")
-    entry: str | None = Field(None, description="The ledger entry id.")
+    """Exactly one of: a ToolManifest version (toolManifest + checksum) or a ledger entry
+    (effectLedger + entry)."""
+
+    toolManifest: str | None = Field(None, description="Name of a ToolManifest in this namespace.")
+    checksum: str | None = Field(None, pattern=r"^sha256:[0-9a-f]{64}$", description="The exact manifest version, by checksum (its status.checksum).")
+    effectLedger: str | None = Field(None, description="Name of an EffectLedger in this namespace.")
+    entry: str | None = Field(None, min_length=1, description="The ledger entry id.")
+
+    @model_validator(mode="after")
+    def _one_form(self) -> ApprovalTarget:
+        manifest = self.toolManifest is not None or self.checksum is not None
+        ledger = self.effectLedger is not None or self.entry is not None
+        if manifest and ledger:
+            raise ValueError("names both a ToolManifest and an EffectLedger: an Approval decides one thing")
+        if manifest and not (self.toolManifest and self.checksum):
+            raise ValueError("a ToolManifest target needs both toolManifest and checksum "
+                             "(kubectl unwind approve tm/NAME fills in the checksum)")
+        if ledger and not (self.effectLedger and self.entry):
+            raise ValueError("a ledger target needs both effectLedger and entry")
+        if not manifest and not ledger:
+            raise ValueError("is empty: name a toolManifest and its checksum, or an effectLedger and an entry")
+        return self
 
 
 class ApprovalSpec(_Status):
     """A recorded decision. The approver's identity is stamped by the webhook, never typed."""
 
-    target: ApprovalTarget
-    decision: Literal["approve", "deny"]
-    reason: str | None = None
+    target: ApprovalTarget = Field(description="What is decided: a ToolManifest version or a ledger entry.")
+    decision: Literal["approve", "deny"] = Field(description="approve or deny; a deny is final for its target.")
+    reason: str | None = Field(None, max_length=1024, description="Why, in words a reviewer reads later.")
 
 
 class ApprovalStatus(_Status):
@@ -120,5 +146,8 @@ KINDS: tuple[Kind, ...] = (
           Column("Age", ".metadata.creationTimestamp", "date"))),
     Kind("Approval", "approvals", (), ApprovalSpec, ApprovalStatus,
          "A recorded approve or deny decision on a manifest version or a ledger entry.",
-         (Column("Decision", ".spec.decision"), Column("Age", ".metadata.creationTimestamp", "date"))),
+         (Column("Decision", ".spec.decision"), Column("ToolManifest", ".spec.target.toolManifest"),
+          Column("Ledger", ".spec.target.effectLedger"), Column("Entry", ".spec.target.entry"),
+          Column("Approver", r".metadata.annotations.unwind\.dev/approver"),
+          Column("Age", ".metadata.creationTimestamp", "date"))),
 )

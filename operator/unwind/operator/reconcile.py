@@ -7,28 +7,32 @@ plan says changed. Everything that decides anything is here, tested without a cl
 - each spec is validated alone, then the namespace's set is checked (references exist,
   read-backs are read-only, no cycles, one manifest per tool);
 - each distinct valid spec checksum is a version (an immutable ControllerRevision);
-- a manifest whose current spec is invalid keeps its last good version in the bundle;
-- the bundle holds the enforceable (approved or deprecated, never draft) version of every
-  manifest, signed, and is rewritten only when its bytes differ.
+- a version is enforced only when approved (approval.py: an Approval of its checksum, or a
+  trusted applier); one that waits for approval, or whose spec is invalid, leaves the last
+  approved version in the bundle, while an explicit ``lifecycle: draft`` withdraws it;
+- the bundle holds the enforced version of every manifest, signed, and is rewritten only
+  when its bytes differ.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..api.conditions import set_condition
-from ..bundle import SHARD_LIMIT, BundleData, BundleEntry, build_bundle
+from ..bundle import BUNDLE_NAME, INDEX_KEY, SHARD_LIMIT, BundleData, BundleEntry, build_bundle
 from ..manifest.canonical import canonical_json, checksum_bytes
 from ..manifest.issues import Issue
 from ..manifest.lint import lint
 from ..manifest.model import ToolManifest
 from ..manifest.validate import validate_manifest, validate_set
-from ..registry.signing import Signature, signing_message
+from ..registry.signing import Signature, TrustStore, signing_message
+from .approval import ApprovalObject, Verdict, applier, decisions_by_manifest, is_trusted, tally
+from .identity import Identity
 from .readers import Held, Reader, blocked_message, finalizer_updates, readers_of
 
-APPLIED_BY = "unwind.dev/applied-by"  # stamped by the admission webhook (next issue)
 MAX_FINDINGS = 20
 MAX_ENTRY_BYTES = SHARD_LIMIT - 1024  # one manifest must fit in one shard
 
@@ -41,14 +45,16 @@ class Reason:
     SET_INVALID = "SetValidationFailed"
     DUPLICATE = "DuplicateTool"
     TRUSTED = "TrustedApplier"
-    UNTRUSTED = "UntrustedApplier"
+    APPROVED = "Approved"
+    AWAITING = "AwaitingApproval"
+    DENIED = "Denied"
     DRAFT = "Draft"
-    DEPRECATED = "Deprecated"
     SIGNED = "Signed"
     NO_KEY = "NoSigningKey"
     NOT_ENFORCEABLE = "NotEnforceable"
     PUBLISHED = "Published"
     LAST_GOOD = "LastGoodVersionPublished"
+    LAST_APPROVED = "LastApprovedVersionPublished"
     NOT_PUBLISHED = "NotPublished"
     READY = "Ready"
     DRAFT_RECORDED = "DraftRecorded"
@@ -77,6 +83,7 @@ class Revision:
     version: int
     checksum: str
     data: dict[str, Any]
+    author: str = ""  # who applied the spec that made this version (stamped identity)
 
 
 @dataclass(frozen=True)
@@ -89,7 +96,10 @@ class Event:
 
 @dataclass(frozen=True)
 class Settings:
-    trusted_appliers: tuple[str, ...] = ("*",)
+    trusted_appliers: tuple[str, ...] = ()
+    four_eyes: bool = True
+    # The keys whose identity stamps count (the operator's own public keys); None counts none.
+    stamp_trust: TrustStore | None = None
 
 
 @dataclass
@@ -116,87 +126,103 @@ class _State:
     issues: list[Issue] = field(default_factory=list)
     version: int | None = None
     digest: str | None = None
-    chosen: ToolManifest | None = None  # what goes to the bundle: current or last good
+    author: Identity | None = None  # who last changed the spec (stamped), if known
+    author_problem: str = ""
+    verdict: Verdict = field(default_factory=lambda: Verdict("none"))
+    approved: bool = False  # the current version may be enforced
+    chosen: ToolManifest | None = None  # what goes to the bundle: current or last approved
     chosen_version: int | None = None
     chosen_digest: str | None = None
+    chosen_lifecycle: str = "approved"
     set_reason: str = ""
 
+    @property
+    def waiting(self) -> bool:
+        """Valid, asks to be enforced, and is not (yet) approved."""
+        return self.model is not None and not self.issues and not self.approved \
+            and self.model.lifecycle != "draft"
 
-def _trusted(obj: ManifestObject, settings: Settings) -> tuple[bool, str]:
-    applier = obj.annotations.get(APPLIED_BY)
-    if "*" in settings.trusted_appliers:
-        return True, ("lifecycle taken from the spec: trustedAppliers is '*' (every applier is "
-                      "trusted until the admission webhook records who applied a manifest)")
-    if applier and applier in settings.trusted_appliers:
-        return True, f"lifecycle taken from the spec: applied by trusted {applier}"
-    return False, (f"lifecycle: approved was applied by {applier or 'an unknown applier'}, who is "
-                   "not in trustedAppliers: the manifest stays a draft until it is approved")
+    @property
+    def current_chosen(self) -> bool:
+        return self.chosen is not None and self.chosen is self.model
 
 
-def _effective_lifecycle(model: ToolManifest, obj: ManifestObject, settings: Settings) -> str:
-    if model.lifecycle == "draft":
-        return "draft"
-    return str(model.lifecycle) if _trusted(obj, settings)[0] else "draft"
+def _approve(st: _State, decisions: dict[str, list[Any]], settings: Settings) -> None:
+    """Decide whether the current version may be enforced, and with which lifecycle."""
+    assert st.model is not None and st.digest is not None
+    st.verdict = tally(decisions.get(st.obj.name, []), st.digest, st.author, settings.four_eyes)
+    trusted = st.model.lifecycle != "draft" and is_trusted(st.author, settings.trusted_appliers)
+    st.approved = st.verdict.state == "approved" or (st.verdict.state != "denied" and trusted)
+    st.chosen_lifecycle = "deprecated" if st.model.lifecycle == "deprecated" else "approved"
 
 
 def plan(namespace: str, manifests: Sequence[ManifestObject], revisions: Sequence[Revision],
          current_bundle: BundleData, signer: Signer, key_id: str | None,
-         settings: Settings, now: str) -> Plan:
+         settings: Settings, now: str, approvals: Sequence[ApprovalObject] = ()) -> Plan:
     out = Plan()
     by_owner: dict[str, dict[str, Revision]] = {}
     for rev in revisions:
         by_owner.setdefault(rev.owner_uid, {})[rev.checksum] = rev
     states = [_State(o) for o in sorted(manifests, key=lambda o: (o.created, o.name))]
+    trust = settings.stamp_trust or TrustStore()
+    decisions, unstamped = decisions_by_manifest(namespace, approvals, trust)
+    enforced_lifecycles = _bundle_lifecycles(current_bundle)
 
     for st in states:
         model, issues = validate_manifest(st.obj.spec)
         st.issues = issues
-        if model is not None and not issues:
-            blob = canonical_json(model.canonical_dict())
-            if len(blob) > MAX_ENTRY_BYTES:
-                st.issues.append(Issue(model.tool, "", f"the manifest is {len(blob)} bytes in canonical "
-                                       f"form; a bundle entry must stay under {MAX_ENTRY_BYTES} bytes: "
-                                       "shorten descriptions or residue text"))
-                continue
-            st.model, st.digest = model, checksum_bytes(blob)
-            known = by_owner.setdefault(st.obj.uid, {})
-            found = known.get(st.digest)
-            if found is not None:
-                rev = found
-            else:
-                rev = Revision(revision_name(st.obj.name, st.digest), st.obj.name, st.obj.uid,
-                               max((r.version for r in known.values()), default=0) + 1,
-                               st.digest, model.canonical_dict())
-                known[st.digest] = rev
-                out.new_revisions.append(rev)
-            st.version = rev.version
+        if model is None or issues:
+            continue
+        blob = canonical_json(model.canonical_dict())
+        if len(blob) > MAX_ENTRY_BYTES:
+            st.issues.append(Issue(model.tool, "", f"the manifest is {len(blob)} bytes in canonical "
+                                   f"form; a bundle entry must stay under {MAX_ENTRY_BYTES} bytes: "
+                                   "shorten descriptions or residue text"))
+            continue
+        st.model, st.digest = model, checksum_bytes(blob)
+        st.author, st.author_problem = applier(namespace, st.obj.spec, st.obj.annotations, trust)
+        known = by_owner.setdefault(st.obj.uid, {})
+        found = known.get(st.digest)
+        if found is not None:
+            rev = found
+        else:
+            rev = Revision(revision_name(st.obj.name, st.digest), st.obj.name, st.obj.uid,
+                           max((r.version for r in known.values()), default=0) + 1,
+                           st.digest, model.canonical_dict(), st.author.user if st.author else "")
+            known[st.digest] = rev
+            out.new_revisions.append(rev)
+        st.version = rev.version
+        _approve(st, decisions, settings)
+        if st.approved:
             st.chosen, st.chosen_version, st.chosen_digest = model, rev.version, st.digest
 
-    for st in states:  # invalid alone: fall back to the last good (published) version
-        if st.chosen is None:
-            _fall_back(st, by_owner)
+    for st in states:  # invalid, or waiting for approval: the last approved version stays
+        if st.chosen is None and (st.model is None or st.issues or st.waiting):
+            _fall_back(st, by_owner, enforced_lifecycles)
 
     # One manifest per tool: the oldest object keeps the name, whichever version it publishes.
     owner_of: dict[str, str] = {}
     for st in states:
-        if st.chosen is None:
+        declared = st.chosen or (st.model if not st.issues else None)
+        if declared is None:
             continue
-        first = owner_of.setdefault(st.chosen.tool, st.obj.name)
+        first = owner_of.setdefault(declared.tool, st.obj.name)
         if first != st.obj.name:
-            if st.chosen is st.model:
-                st.issues.append(Issue(st.chosen.tool, "tool", f"{st.chosen.tool!r} is already "
+            if st.model is not None and not st.issues:
+                st.issues.append(Issue(declared.tool, "tool", f"{declared.tool!r} is already "
                                        f"declared by ToolManifest {first}: keep one manifest per tool"))
                 st.set_reason = Reason.DUPLICATE
             st.chosen = None
 
-    _settle_set(states, settings, by_owner)
+    _settle_set(states, by_owner, enforced_lifecycles)
     entries = []
     for st in states:
-        if st.chosen is not None and _effective_lifecycle(st.chosen, st.obj, settings) != "draft":
+        if st.chosen is not None:
             assert st.chosen_version is not None and st.chosen_digest is not None
             sig = signer(signing_message(st.chosen.tool, st.chosen_version, st.chosen_digest)) if signer else None
             entries.append(BundleEntry(st.chosen.tool, st.chosen_version, st.chosen_digest,
-                                       canonical_json(st.chosen.canonical_dict()), sig, st.obj.name))
+                                       canonical_json(st.chosen.canonical_dict()), sig, st.obj.name,
+                                       st.chosen_lifecycle))
     published = {e.source: e for e in entries}
     out.published = len(entries)
     bundle = build_bundle(namespace, entries)
@@ -218,8 +244,9 @@ def plan(namespace: str, manifests: Sequence[ManifestObject], revisions: Sequenc
 
     findings = _lint_by_tool([st.model for st in states if st.model is not None and not st.issues])
     for st in states:
-        status = _status(st, published.get(st.obj.name), key_id, findings, settings, now,
-                         readers.get(st.obj.name, []))
+        notes = unstamped.get(st.obj.name, [])
+        status = _status(namespace, st, published.get(st.obj.name), key_id, findings, settings, now,
+                         readers.get(st.obj.name, []), notes)
         if status != st.obj.status:
             # A merge patch keeps what it does not mention: name each dropped field as null.
             out.statuses[st.obj.name] = {**dict.fromkeys(set(st.obj.status) - set(status)), **status}
@@ -227,60 +254,81 @@ def plan(namespace: str, manifests: Sequence[ManifestObject], revisions: Sequenc
     return out
 
 
-def _fall_back(st: _State, by_owner: dict[str, dict[str, Revision]]) -> None:
+def _bundle_lifecycles(bundle: BundleData) -> dict[str, tuple[str, str]]:
+    """tool -> (checksum, lifecycle) as the current bundle enforces it."""
+    try:
+        index = json.loads(bundle.get(BUNDLE_NAME, {}).get(INDEX_KEY, "{}"))
+        tools = index.get("tools") or {}
+        return {t: (str(i.get("checksum")), str(i.get("lifecycle") or "approved")) for t, i in tools.items()}
+    except (ValueError, AttributeError):
+        return {}
+
+
+def _fall_back(st: _State, by_owner: dict[str, dict[str, Revision]],
+               enforced: dict[str, tuple[str, str]]) -> None:
+    """Enforce the version this manifest last published, if it still validates."""
     last = st.obj.status.get("publishedChecksum")
     rev = by_owner.get(st.obj.uid, {}).get(last) if isinstance(last, str) else None
-    if rev is None or (rev.checksum == st.digest and st.model is not None):
-        st.chosen = None
+    st.chosen = None
+    if rev is None or (rev.checksum == st.digest and not st.approved):
         return
     model, issues = validate_manifest(rev.data)
     if model is not None and not issues:
         st.chosen, st.chosen_version, st.chosen_digest = model, rev.version, rev.checksum
-    else:
-        st.chosen = None
+        digest, lifecycle = enforced.get(model.tool, ("", ""))
+        if digest == rev.checksum and lifecycle in ("approved", "deprecated"):
+            st.chosen_lifecycle = lifecycle
+        else:
+            st.chosen_lifecycle = "deprecated" if model.lifecycle == "deprecated" else "approved"
 
 
-def _settle_set(states: list[_State], settings: Settings,
-                by_owner: dict[str, dict[str, Revision]]) -> None:
+def _settle_set(states: list[_State], by_owner: dict[str, dict[str, Revision]],
+                enforced: dict[str, tuple[str, str]]) -> None:
     """Check the set until it is consistent: a manifest whose set-level check fails falls back
-    to its last good version (or leaves the bundle), which may affect others, so repeat."""
+    to its last approved version (or leaves the bundle), which may affect others, so repeat.
+    Then check each version that is not enforced (a draft, or one waiting for approval)
+    against the enforced set with itself in place, so its author sees what would break."""
+    drafts = {st.model.tool for st in states if st.model is not None and not st.issues and not st.approved}
     # Each round changes at least one manifest's choice, and a choice only moves
     # current -> last good -> none, so 2n + 1 rounds always suffice.
     for _ in range(2 * len(states) + 1):
         live = {st.chosen.tool: st for st in states if st.chosen is not None}
-        enforceable = [st.chosen for st in live.values()
-                       if st.chosen is not None and _effective_lifecycle(st.chosen, st.obj, settings) != "draft"]
-        drafts = {st.chosen.tool for st in live.values()
-                  if st.chosen is not None and _effective_lifecycle(st.chosen, st.obj, settings) == "draft"}
         problems: dict[str, list[Issue]] = {}
-        for issue in validate_set(enforceable):
+        for issue in validate_set([st.chosen for st in live.values() if st.chosen is not None]):
             problems.setdefault(issue.tool or "", []).append(issue)
-        if drafts:  # a draft is checked against everything, drafts included
-            everything = [s.chosen for s in live.values() if s.chosen is not None]
-            for issue in validate_set(everything):
-                if issue.tool in drafts:
-                    problems.setdefault(issue.tool, []).append(issue)
         changed = False
         for tool, issues in problems.items():
             st = live.get(tool)
             if st is None or not issues:
                 continue
-            if st.chosen is st.model:  # the current spec breaks the set
+            if st.current_chosen:  # the current spec breaks the set
                 st.issues.extend(_explain(i, drafts) for i in issues)
                 st.set_reason = Reason.SET_INVALID
-                _fall_back(st, by_owner)
+                st.approved = False
+                _fall_back(st, by_owner, enforced)
             else:  # the last good version no longer fits either
                 st.chosen = None
             changed = True
         if not changed:
-            return
+            break
+    enforced_models = {st.chosen.tool: st.chosen for st in states if st.chosen is not None}
+    pending = [st for st in states if st.model is not None and not st.issues and not st.current_chosen]
+    if not pending:
+        return
+    candidates = {**enforced_models, **{st.model.tool: st.model for st in pending if st.model is not None}}
+    by_tool = {st.model.tool: st for st in pending if st.model is not None}
+    for issue in validate_set(list(candidates.values())):
+        st = by_tool.get(issue.tool or "")
+        if st is not None:
+            st.issues.append(_explain(issue, {t for t in drafts if t not in enforced_models}))
+            st.set_reason = Reason.SET_INVALID
 
 
 def _explain(issue: Issue, drafts: set[str]) -> Issue:
-    """Say so when a published manifest's missing reference is in fact only a draft."""
+    """Say so when a missing reference is in fact only a draft."""
     if issue.ref in drafts:
-        return Issue(issue.tool, issue.path, f"names {issue.ref!r}, which is only a draft: approve "
-                     "it before a published manifest may use it")
+        return Issue(issue.tool, issue.path, f"names {issue.ref!r}, which has no approved version: "
+                     "approve it first")
     return issue
 
 
@@ -291,12 +339,55 @@ def _lint_by_tool(models: list[ToolManifest]) -> dict[str, list[dict[str, str]]]
     return out
 
 
-def _status(st: _State, entry: BundleEntry | None, key_id: str | None,
+def _how_to_approve(namespace: str, st: _State) -> str:
+    cmd = f"kubectl unwind approve tm/{st.obj.name} -n {namespace}"
+    return f"approve it with `{cmd}`" + (f" (as someone other than {st.author.user})" if st.author else "")
+
+
+def _approval_condition(namespace: str, st: _State, settings: Settings,
+                        notes: list[str]) -> tuple[bool | None, str, str]:
+    """The Approved condition for the current version: (status, reason, message)."""
+    if st.model is None or (st.issues and st.set_reason != Reason.SET_INVALID):
+        return None, Reason.INVALID, "the spec is invalid (see Valid)"
+    v = f"version {st.version}"
+    note = st.verdict.note() + (f" (not counted: {'; '.join(notes)})" if notes else "")
+    by = st.verdict.by
+    if st.verdict.state == "denied" and by is not None:
+        because = f": {by.reason}" if by.reason else ""
+        return False, Reason.DENIED, (f"{v} was denied by {by.who.user} (Approval {by.name}){because}; a "
+                                      "deny is final for this version: change the spec to propose a new one")
+    if st.verdict.state == "approved" and by is not None:
+        return True, Reason.APPROVED, f"{v} approved by {by.who.user} (Approval {by.name}){note}"
+    if st.approved and st.author is not None:
+        return True, Reason.TRUSTED, f"{v} applied by trusted applier {st.author.user}{note}"
+    if st.model.lifecycle == "draft":
+        return False, Reason.DRAFT, f"{v} is a draft: {_how_to_approve(namespace, st)}{note}"
+    who = (f"applied by {st.author.user}, who is not in trustedAppliers" if st.author
+           else f"the applier is unknown ({st.author_problem})")
+    return False, Reason.AWAITING, f"{v} waits for approval ({who}): {_how_to_approve(namespace, st)}{note}"
+
+
+def _approved_by(st: _State, entry: BundleEntry | None) -> dict[str, Any] | None:
+    if entry is None:
+        return None
+    if st.current_chosen and entry.checksum == st.digest:
+        by = st.verdict.by
+        if st.verdict.state == "approved" and by is not None:
+            return {"user": by.who.user, "groups": list(by.who.groups), "approval": by.name,
+                    "checksum": entry.checksum}
+        if st.author is not None:
+            return {"user": st.author.user, "groups": list(st.author.groups), "checksum": entry.checksum}
+    old = st.obj.status.get("approvedBy")
+    return old if isinstance(old, dict) and old.get("checksum") == entry.checksum else None
+
+
+def _status(namespace: str, st: _State, entry: BundleEntry | None, key_id: str | None,
             findings: dict[str, list[dict[str, str]]], settings: Settings, now: str,
-            readers: list[Reader]) -> dict[str, Any]:
+            readers: list[Reader], notes: list[str]) -> dict[str, Any]:
     obj, gen = st.obj, st.obj.generation
     conds: list[dict[str, object]] = list(obj.status.get("conditions") or [])
     valid = st.model is not None and not st.issues
+    enforced_now = entry is not None and valid and entry.checksum == st.digest
 
     def cond(type_: str, ok: bool | None, reason: str, message: str) -> None:
         nonlocal conds
@@ -310,55 +401,54 @@ def _status(st: _State, entry: BundleEntry | None, key_id: str | None,
         more = f" (and {len(st.issues) - 5} more)" if len(st.issues) > 5 else ""
         cond("Valid", False, st.set_reason or Reason.INVALID, detail + more)
 
-    lifecycle = None
-    if st.model is not None:
-        trusted, why = _trusted(obj, settings)
-        lifecycle = _effective_lifecycle(st.model, obj, settings)
-        if st.model.lifecycle == "draft":
-            cond("Approved", False, Reason.DRAFT, "lifecycle is draft: it is recorded but not enforced")
-        elif not trusted:
-            cond("Approved", False, Reason.UNTRUSTED, why)
-        else:
-            cond("Approved", True, Reason.DEPRECATED if lifecycle == "deprecated" else Reason.TRUSTED, why)
-    else:
-        cond("Approved", None, Reason.INVALID, "the spec is invalid")
+    approved, reason, message = _approval_condition(namespace, st, settings, notes)
+    cond("Approved", approved, reason, message)
+    waiting_reason = reason  # Draft, AwaitingApproval or Denied when the current version is not enforced
 
     if entry is not None and entry.signature is not None:
         cond("Signed", True, Reason.SIGNED, f"version {entry.version} signed by key {entry.signature.key_id}")
     elif entry is not None:
         cond("Signed", False, Reason.NO_KEY, "the operator has no signing key")
     else:
-        cond("Signed", False, Reason.NOT_ENFORCEABLE, "only enforceable versions are signed")
+        cond("Signed", False, Reason.NOT_ENFORCEABLE, "only approved versions are signed")
 
-    if entry is not None and valid and entry.checksum == st.digest:
+    if enforced_now:
+        assert entry is not None
         cond("Published", True, Reason.PUBLISHED, f"version {entry.version} is in the namespace bundle")
+    elif entry is not None and valid:
+        cond("Published", True, Reason.LAST_APPROVED, f"the last approved version {entry.version} stays "
+             f"in the bundle; version {st.version} is not approved (see Approved)")
     elif entry is not None:
         cond("Published", True, Reason.LAST_GOOD, f"the last good version {entry.version} stays in "
              "the bundle; the current spec is invalid (see Valid)")
-    elif valid and lifecycle == "draft":
-        cond("Published", False, Reason.DRAFT, "a draft is not published: approve it to enforce it")
+    elif valid:
+        cond("Published", False, waiting_reason, "only approved versions are published (see Approved)")
     else:
         cond("Published", False, Reason.NOT_PUBLISHED, "no valid version of this manifest to publish")
 
+    stays = f"; version {entry.version} stays enforced" if entry is not None and not enforced_now else ""
     if obj.deleting and readers:
         cond("Ready", False, Reason.DELETION_BLOCKED, blocked_message(readers))
-    elif valid and entry is not None and entry.checksum == st.digest:
+    elif enforced_now:
+        assert entry is not None
         cond("Ready", True, Reason.READY, f"version {entry.version} is enforced")
-    elif valid and lifecycle == "draft":
-        cond("Ready", True, Reason.DRAFT_RECORDED, f"draft version {st.version} recorded, not enforced")
+    elif valid and waiting_reason == Reason.DRAFT:
+        cond("Ready", True, Reason.DRAFT_RECORDED, f"draft version {st.version} recorded, not enforced{stays}")
+    elif valid:
+        cond("Ready", False, waiting_reason, f"version {st.version} is not approved{stays}: {message}")
     else:
-        cond("Ready", False, st.set_reason or Reason.INVALID,
-             "fix the spec (see Valid)" + (f"; version {entry.version} stays enforced" if entry else ""))
+        cond("Ready", False, st.set_reason or Reason.INVALID, "fix the spec (see Valid)" + stays)
 
     found = findings.get(st.model.tool, []) if st.model is not None and valid else []
     status: dict[str, Any] = {
         "observedGeneration": gen,
         "version": st.version if valid else None,
         "checksum": st.digest if valid else None,
-        "lifecycle": lifecycle,
+        "lifecycle": (st.chosen_lifecycle if enforced_now else "draft") if valid else None,
         "keyId": entry.signature.key_id if entry and entry.signature else None,
         "publishedVersion": entry.version if entry else None,
         "publishedChecksum": entry.checksum if entry else None,
+        "approvedBy": _approved_by(st, entry),
         "lint": {"errors": sum(f["level"] == "error" for f in found),
                  "warnings": sum(f["level"] == "warning" for f in found),
                  "notes": sum(f["level"] == "info" for f in found),
@@ -371,21 +461,29 @@ def _status(st: _State, entry: BundleEntry | None, key_id: str | None,
     return {k: v for k, v in status.items() if v is not None}
 
 
+def _condition(status: dict[str, Any], type_: str) -> dict[str, Any]:
+    return next((c for c in status.get("conditions") or [] if c.get("type") == type_), {})
+
+
 def _events(st: _State, status: dict[str, Any]) -> list[Event]:
     old = st.obj.status
     events = []
-    ready = next(c for c in status["conditions"] if c["type"] == "Ready")
-    old_ready: dict[str, Any] = next(
-        (c for c in old.get("conditions") or [] if c.get("type") == "Ready"), {})
+    ready, old_ready = _condition(status, "Ready"), _condition(old, "Ready")
     if ready["reason"] == Reason.DELETION_BLOCKED and ready["message"] != old_ready.get("message"):
         events.append(Event(st.obj.name, "Warning", Reason.DELETION_BLOCKED, str(ready["message"])))
-    valid = next(c for c in status["conditions"] if c["type"] == "Valid")
-    old_valid: dict[str, Any] = next((c for c in old.get("conditions") or [] if c.get("type") == "Valid"), {})
+    valid, old_valid = _condition(status, "Valid"), _condition(old, "Valid")
     if valid["status"] == "False" and (old_valid.get("message") != valid["message"]
                                        or old.get("observedGeneration") != status["observedGeneration"]):
         events.append(Event(st.obj.name, "Warning", str(valid["reason"]), str(valid["message"])))
+    approved, old_approved = _condition(status, "Approved"), _condition(old, "Approved")
+    if approved.get("reason") in (Reason.DENIED, Reason.APPROVED) and approved != old_approved \
+            and approved.get("message") != old_approved.get("message"):
+        kind = "Warning" if approved["reason"] == Reason.DENIED else "Normal"
+        events.append(Event(st.obj.name, kind, str(approved["reason"]), str(approved["message"])))
     if status.get("publishedChecksum") and status["publishedChecksum"] != old.get("publishedChecksum"):
         signed = f", signed by key {status['keyId']}" if status.get("keyId") else ", unsigned"
+        by = status.get("approvedBy") or {}
+        who = f", approved by {by['user']}" if by.get("user") else ""
         events.append(Event(st.obj.name, "Normal", Reason.PUBLISHED,
-                            f"version {status['publishedVersion']}{signed}, published in the bundle"))
+                            f"version {status['publishedVersion']}{who}{signed}, published in the bundle"))
     return events

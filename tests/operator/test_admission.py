@@ -1,0 +1,220 @@
+"""What the admission webhooks decide, without a cluster: the pure review functions."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from hypothesis import given
+from hypothesis import strategies as st
+
+from unwind.manifest.canonical import checksum
+from unwind.manifest.validate import validate_manifest
+from unwind.operator.admission import (
+    Refused,
+    Request,
+    mutate_approval,
+    mutate_toolmanifest,
+    validate_approval,
+    validate_toolmanifest,
+)
+from unwind.operator.identity import Identity, stamp_annotations, stamped_identity
+from unwind.registry.signing import TrustStore, sign
+
+KEY = Ed25519PrivateKey.generate()
+TRUST = TrustStore([KEY.public_key()])
+ALICE = Identity("alice", ("dev", "system:authenticated"))
+BOB = Identity("bob", ("reviewers", "system:authenticated"))
+READ = {"tool": "shop.get_order", "effect": "read_only", "permission": "shop:read"}
+
+
+def signer(message: bytes) -> Any:
+    return sign(KEY, message)
+
+
+def tm(spec: Any, annotations: dict[str, str] | None = None, **meta: Any) -> dict[str, Any]:
+    return {"apiVersion": "unwind.dev/v1alpha1", "kind": "ToolManifest",
+            "metadata": {"name": "get-order", "namespace": "shop", "uid": "u-1",
+                         **({"annotations": annotations} if annotations else {}), **meta},
+            "spec": spec}
+
+
+def stored_tm(spec: Any, by: Identity = ALICE) -> dict[str, Any]:
+    return tm(spec, stamp_annotations("ToolManifest", "shop", spec, by, signer))
+
+
+def approval(spec: Any, annotations: dict[str, str] | None = None) -> dict[str, Any]:
+    return {"apiVersion": "unwind.dev/v1alpha1", "kind": "Approval",
+            "metadata": {"name": "ok", "namespace": "shop", **({"annotations": annotations} if annotations else {})},
+            "spec": spec}
+
+
+def approve_spec(spec: dict[str, Any], decision: str = "approve") -> dict[str, Any]:
+    model, _ = validate_manifest(spec)
+    assert model is not None
+    return {"target": {"toolManifest": "get-order", "checksum": checksum(model)}, "decision": decision}
+
+
+def req(op: str, new: Any, old: Any = None, who: Identity = ALICE) -> Request:
+    return Request(op, "shop", new, old, who)
+
+
+# ---- ToolManifest: validation -----------------------------------------------------------
+
+def test_a_valid_manifest_is_admitted() -> None:
+    validate_toolmanifest(req("CREATE", tm(READ)))
+
+
+def test_every_error_is_listed_with_its_spec_field_path() -> None:
+    bad = {**READ, "effect": "compensable", "retry": {"attempts": 3}, "colour": "red",
+           "audit": {"redaction": ["args.card"]}}
+    with pytest.raises(Refused) as err:
+        validate_toolmanifest(req("CREATE", tm(bad)))
+    text = str(err.value)
+    assert text.startswith("ToolManifest get-order (shop.get_order) is invalid,")
+    assert "- spec.colour: unknown field 'colour'" in text
+    assert "- spec.compensation: " in text
+    assert "- spec.retry: retrying a compensable tool could repeat its effect" in text
+    assert "- spec.audit.redaction[0]: " in text
+    assert err.value.code == 422
+
+
+def test_a_metadata_only_update_of_a_stored_invalid_manifest_passes() -> None:
+    bad = {**READ, "effect": "sideways"}
+    old = tm(bad)
+    new = copy.deepcopy(old)
+    new["metadata"]["finalizers"] = ["unwind.dev/readers"]
+    validate_toolmanifest(req("UPDATE", new, old))
+    with pytest.raises(Refused):
+        validate_toolmanifest(req("UPDATE", tm({**bad, "description": "x"}), old))
+
+
+@given(st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=8),
+                    lambda children: st.lists(children, max_size=3)
+                    | st.dictionaries(st.text(max_size=8), children, max_size=4), max_leaves=20))
+def test_no_spec_crashes_the_validating_webhook(spec: Any) -> None:
+    try:
+        validate_toolmanifest(req("CREATE", tm(spec)))
+    except Refused as exc:
+        assert str(exc)
+
+
+# ---- ToolManifest: identity stamps ------------------------------------------------------
+
+def test_a_create_is_stamped_with_the_requesters_identity() -> None:
+    annotations = mutate_toolmanifest(req("CREATE", tm(READ)), signer)
+    assert annotations["unwind.dev/applied-by"] == "alice"
+    assert annotations["unwind.dev/applied-by-groups"] == '["dev", "system:authenticated"]'
+    assert stamped_identity("ToolManifest", "shop", READ, annotations, TRUST) == (ALICE, "")
+
+
+def test_a_client_that_writes_the_applied_by_annotation_itself_is_refused() -> None:
+    with pytest.raises(Refused, match=r"metadata.annotations\[unwind.dev/applied-by\]: is written by the "
+                                      r"Unwind admission webhook.*you are 'alice'") as err:
+        mutate_toolmanifest(req("CREATE", tm(READ, {"unwind.dev/applied-by": "argocd"})), signer)
+    assert err.value.code == 403
+
+
+def test_sending_back_the_stored_stamp_with_a_new_spec_restamps_it() -> None:
+    old = stored_tm(READ, BOB)
+    new = copy.deepcopy(old)
+    new["spec"] = {**READ, "description": "changed"}
+    annotations = mutate_toolmanifest(req("UPDATE", new, old, ALICE), signer)
+    assert annotations["unwind.dev/applied-by"] == "alice"
+
+
+def test_a_metadata_only_update_keeps_the_stamp_even_when_the_client_drops_it() -> None:
+    old = stored_tm(READ, BOB)
+    new = tm(READ)  # e.g. kubectl replace with a file that has no annotations
+    assert mutate_toolmanifest(req("UPDATE", new, old, ALICE), signer) == old["metadata"]["annotations"]
+    same = copy.deepcopy(old)
+    assert mutate_toolmanifest(req("UPDATE", same, old, ALICE), signer) == {}
+
+
+def test_changing_a_stored_stamp_is_refused() -> None:
+    old = stored_tm(READ, BOB)
+    new = copy.deepcopy(old)
+    new["metadata"]["annotations"]["unwind.dev/applied-by"] = "alice"
+    with pytest.raises(Refused):
+        mutate_toolmanifest(req("UPDATE", new, old, ALICE), signer)
+
+
+# ---- Approval ---------------------------------------------------------------------------
+
+def test_an_approval_is_stamped_and_owned_by_its_target() -> None:
+    target = stored_tm(READ, ALICE)
+    patch = mutate_approval(req("CREATE", approval(approve_spec(READ)), who=BOB), target, signer, TRUST, True)
+    assert patch is not None
+    assert patch.annotations["unwind.dev/approver"] == "bob"
+    assert patch.owner == {"apiVersion": "unwind.dev/v1alpha1", "kind": "ToolManifest", "name": "get-order",
+                           "uid": "u-1", "blockOwnerDeletion": False}
+    stamped = approval(approve_spec(READ), patch.annotations)
+    validate_approval(req("CREATE", stamped, who=BOB), TRUST)
+
+
+def test_the_authors_own_approval_is_refused_under_four_eyes() -> None:
+    target = stored_tm(READ, ALICE)
+    with pytest.raises(Refused, match=r"four-eyes: you \(alice\) last changed the spec"):
+        mutate_approval(req("CREATE", approval(approve_spec(READ))), target, signer, TRUST, True)
+    assert mutate_approval(req("CREATE", approval(approve_spec(READ))), target, signer, TRUST, False)
+    # a deny by the author is allowed: withdrawing your own proposal is no conflict of interest
+    assert mutate_approval(req("CREATE", approval(approve_spec(READ, "deny"))), target, signer, TRUST, True)
+
+
+def test_a_forged_approver_is_refused() -> None:
+    forged = approval(approve_spec(READ), {"unwind.dev/approver": "cfo"})
+    with pytest.raises(Refused, match=r"metadata.annotations\[unwind.dev/approver\]"):
+        mutate_approval(req("CREATE", forged, who=BOB), stored_tm(READ), signer, TRUST, True)
+
+
+def test_an_approval_not_stamped_by_the_mutating_webhook_is_refused_at_validation() -> None:
+    with pytest.raises(Refused, match="not stamped by the Unwind mutating webhook"):
+        validate_approval(req("CREATE", approval(approve_spec(READ)), who=BOB), TRUST)
+    other = stamp_annotations("Approval", "shop", approve_spec(READ), ALICE, signer)
+    with pytest.raises(Refused):
+        validate_approval(req("CREATE", approval(approve_spec(READ), other), who=BOB), TRUST)
+
+
+def test_an_approval_for_a_stale_checksum_names_the_current_one() -> None:
+    target = stored_tm({**READ, "description": "now"}, ALICE)
+    with pytest.raises(Refused, match=r"spec.target.checksum: sha256:\w+ is not the current version .* "
+                                      r"which is sha256:\w+") as err:
+        mutate_approval(req("CREATE", approval(approve_spec(READ)), who=BOB), target, signer, TRUST, True)
+    assert err.value.code == 409
+
+
+def test_an_approval_of_a_missing_target_is_refused() -> None:
+    with pytest.raises(Refused, match="ToolManifest 'get-order' does not exist in namespace shop"):
+        mutate_approval(req("CREATE", approval(approve_spec(READ)), who=BOB), None, signer, TRUST, True)
+
+
+@pytest.mark.parametrize(("spec", "message"), [
+    ({"target": {"toolManifest": "x"}, "decision": "approve"}, "needs both toolManifest and checksum"),
+    ({"target": {"toolManifest": "x", "checksum": "sha256:" + "0" * 64, "entry": "e1"}, "decision": "approve"},
+     "names both a ToolManifest and an EffectLedger"),
+    ({"target": {}, "decision": "approve"}, "spec.target: is empty"),
+    ({"target": {"effectLedger": "run-1", "entry": "e1"}, "decision": "maybe"}, "spec.decision: "),
+    ({"target": {"toolManifest": "x", "checksum": "abc"}, "decision": "approve"}, "spec.target.checksum: "),
+    ({"target": {"effectLedger": "run-1", "entry": "e1"}, "decision": "approve", "approver": "cfo"},
+     "spec.approver: unknown field"),
+])
+def test_a_malformed_approval_names_the_field(spec: dict[str, Any], message: str) -> None:
+    with pytest.raises(Refused, match=message.replace("(", r"\(")):
+        mutate_approval(req("CREATE", approval(spec), who=BOB), stored_tm(READ), signer, TRUST, True)
+
+
+def test_an_approval_cannot_be_changed_after_creation() -> None:
+    stamps = stamp_annotations("Approval", "shop", approve_spec(READ), BOB, signer)
+    old = approval(approve_spec(READ), stamps)
+    flipped = approval(approve_spec(READ, "deny"), stamps)
+    with pytest.raises(Refused, match="an Approval is a record and cannot be changed"):
+        validate_approval(req("UPDATE", flipped, old, BOB), TRUST)
+    relabelled = copy.deepcopy(old)
+    relabelled["metadata"]["labels"] = {"team": "payments"}
+    validate_approval(req("UPDATE", relabelled, old, BOB), TRUST)
+    renamed = copy.deepcopy(old)
+    renamed["metadata"]["annotations"]["unwind.dev/approver"] = "cfo"
+    with pytest.raises(Refused, match="the recorded approver cannot be changed"):
+        validate_approval(req("UPDATE", renamed, old, BOB), TRUST)
