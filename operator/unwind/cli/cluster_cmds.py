@@ -13,8 +13,15 @@ def _env_list(name: str, default: str) -> tuple[str, ...]:
     return tuple(v.strip() for v in os.environ.get(name, default).split(",") if v.strip())
 
 
+def _flag_or_env(value: str | None, env: str, default: str) -> str:
+    return value if value is not None else os.environ.get(env, default)
+
+
 def cmd_operator(args: argparse.Namespace) -> int:
+    from ..operator.certs import Lifetimes
     from ..operator.handlers import Config, run
+    from ..operator.hooks import WebhookConfig, parse_lifetime
+    from ..operator.leader import Timing
 
     if args.kubeconfig:
         os.environ["KUBECONFIG"] = args.kubeconfig
@@ -32,9 +39,26 @@ def cmd_operator(args: argparse.Namespace) -> int:
         print("error: the bundle window must be a number of seconds", file=sys.stderr)
         return 1
     appliers = (tuple(a.strip() for a in args.trusted_appliers.split(",") if a.strip())
-                if args.trusted_appliers is not None else _env_list("UNWIND_TRUSTED_APPLIERS", "*"))
+                if args.trusted_appliers is not None else _env_list("UNWIND_TRUSTED_APPLIERS", ""))
+    four_eyes = _flag_or_env(args.four_eyes, "UNWIND_FOUR_EYES", "true").lower()
+    if four_eyes not in ("true", "false"):
+        print("error: --four-eyes must be true or false", file=sys.stderr)
+        return 1
+    try:
+        lifetimes = Lifetimes(parse_lifetime(args.webhook_cert_lifetime), parse_lifetime(args.webhook_ca_lifetime))
+        lease = float(args.lease_duration)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    names = tuple(args.webhook_name or ())
+    if args.webhook_service:
+        names += WebhookConfig.service_names(args.webhook_service, namespace)
+    webhook = WebhookConfig(addr=args.webhook_addr, port=args.webhook_port, names=names or ("127.0.0.1",),
+                            configurations=tuple(args.webhook_configuration or ("unwind",)),
+                            lifetimes=lifetimes)
     config = Config(operator_namespace=namespace, namespaces=tuple(args.namespace or ()),
-                    trusted_appliers=appliers, bundle_window=window)
+                    trusted_appliers=appliers, four_eyes=four_eyes == "true", bundle_window=window,
+                    webhook=webhook, lease=Timing(lease, lease * 2 / 3, max(0.5, lease / 7.5)))
     run(config, args.liveness, args.metrics_port)
     return 0
 
@@ -64,8 +88,26 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--namespace", action="append", help="watch this namespace (repeatable; default all)")
     p.add_argument("--operator-namespace", help="namespace of the signing key and trust ConfigMap "
                    "(default $UNWIND_OPERATOR_NAMESPACE)")
-    p.add_argument("--trusted-appliers", help="comma-separated identities whose lifecycle: approved "
-                   "is honoured; * for all (default $UNWIND_TRUSTED_APPLIERS or *)")
+    p.add_argument("--trusted-appliers", help="comma-separated usernames (service accounts as "
+                   "system:serviceaccount:NS:NAME) whose lifecycle: approved is honoured without an "
+                   "Approval (default $UNWIND_TRUSTED_APPLIERS, else none)")
+    p.add_argument("--four-eyes", choices=("true", "false"), help="an approver may not be who last "
+                   "changed the spec (default $UNWIND_FOUR_EYES or true)")
+    p.add_argument("--webhook-port", type=int, default=int(os.environ.get("UNWIND_WEBHOOK_PORT", "9443")),
+                   help="HTTPS port of the admission webhooks (default 9443)")
+    p.add_argument("--webhook-addr", default=os.environ.get("UNWIND_WEBHOOK_ADDR", "0.0.0.0"),
+                   help="address the webhooks listen on (default 0.0.0.0)")
+    p.add_argument("--webhook-service", help="the webhooks' Service: its DNS names go into the "
+                   "serving certificate")
+    p.add_argument("--webhook-name", action="append", help="another DNS name or IP for the serving "
+                   "certificate (repeatable; 127.0.0.1 when none is given)")
+    p.add_argument("--webhook-configuration", action="append", help="Validating/Mutating webhook "
+                   "configuration whose caBundle the operator keeps current (repeatable; default unwind)")
+    p.add_argument("--webhook-cert-lifetime", default="90d", help="serving certificate lifetime; "
+                   "renewed with a third left (default 90d)")
+    p.add_argument("--webhook-ca-lifetime", default="3650d", help="webhook CA lifetime (default 3650d)")
+    p.add_argument("--lease-duration", default=os.environ.get("UNWIND_LEASE_SECONDS", "15"),
+                   help="leader election: seconds before another replica takes over (default 15)")
     p.add_argument("--bundle-window", type=float, help="seconds to coalesce changes before a bundle "
                    "rebuild (default $UNWIND_BUNDLE_WINDOW_SECONDS or 1.0)")
     p.add_argument("--liveness", help="kopf liveness endpoint, e.g. http://0.0.0.0:8080/healthz")

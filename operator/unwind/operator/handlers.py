@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import socket
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,11 +23,14 @@ from kubernetes.client.exceptions import ApiException
 
 from .. import API_GROUP, API_VERSION
 from ..api.conditions import now_rfc3339
-from ..registry.signing import Signature, key_id, sign
+from ..registry.signing import Signature, TrustStore, key_id, sign
 from . import metrics
+from .hooks import WebhookConfig, register_admission
 from .keys import ensure_signing_key, publish_trust
-from .kube import BUNDLE_LABEL, PLURAL, Kube
+from .kube import APPROVALS, BUNDLE_LABEL, PLURAL, Kube
+from .leader import Elector, Timing
 from .reconcile import Settings, plan
+from .webhook import TLSKeeper, WebhookServer
 
 log = logging.getLogger("unwind.operator")
 
@@ -34,10 +39,14 @@ log = logging.getLogger("unwind.operator")
 class Config:
     operator_namespace: str
     namespaces: tuple[str, ...] = ()
-    trusted_appliers: tuple[str, ...] = ("*",)
+    trusted_appliers: tuple[str, ...] = ()
+    four_eyes: bool = True
     bundle_window: float = 1.0
     resync_seconds: float = 300.0
     workers: int = 8
+    webhook: WebhookConfig = field(default_factory=WebhookConfig)
+    lease: Timing = field(default_factory=Timing)
+    identity: str = field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
 
 
 @dataclass
@@ -46,6 +55,7 @@ class Namespaces:
 
     reconcile: Any  # async (namespace) -> None
     window: float
+    leading: asyncio.Event | None = None  # reconcile only while this replica leads
     dirty: dict[str, float] = field(default_factory=dict)  # namespace -> first change seen
     wakeups: dict[str, asyncio.Event] = field(default_factory=dict)
     tasks: dict[str, asyncio.Task[None]] = field(default_factory=dict)
@@ -71,6 +81,8 @@ class Namespaces:
                 except TimeoutError:
                     break
             wake.clear()
+            if self.leading is not None:
+                await self.leading.wait()
             first = self.dirty.pop(namespace, time.monotonic())
             try:
                 await self.reconcile(namespace, first)
@@ -106,32 +118,36 @@ def reconcile_namespace(kube: Kube, namespace: str, signer: Any, kid: str | None
                         settings: Settings, first_seen: float) -> None:
     """Gather → plan → write. Runs in a thread: the Kubernetes client is synchronous."""
     with metrics.RECONCILE_SECONDS.time():
-        manifests, revisions, bundle, versions = kube.snapshot(namespace)
-        result = plan(namespace, manifests, revisions, bundle, signer, kid, settings, now_rfc3339())
+        snap = kube.snapshot(namespace)
+        result = plan(namespace, snap.manifests, snap.revisions, snap.bundle, signer, kid, settings,
+                      now_rfc3339(), snap.approvals)
         kube.create_revisions(namespace, result.new_revisions)
         kube.patch_finalizers(namespace, result.finalizers)  # before statuses: it needs the old rv
         if result.bundle is not None:
-            writes = kube.write_bundle(namespace, result.bundle, bundle, versions)
+            writes = kube.write_bundle(namespace, result.bundle, snap.bundle, snap.versions)
             metrics.BUNDLE_WRITES.labels(namespace).inc(writes)
             metrics.BUNDLE_LATENCY.observe(time.monotonic() - first_seen)
             log.info("namespace %s: bundle written with %d tools", namespace, result.published)
         kube.patch_statuses(namespace, result.statuses)
         metrics.STATUS_PATCHES.inc(len(result.statuses))
-        kube.post_events(namespace, result.events, {m.name: m.uid for m in manifests})
+        kube.post_events(namespace, result.events, {m.name: m.uid for m in snap.manifests})
     metrics.RECONCILES.labels("ok").inc()
 
 
 def build_registry(config: Config, api: client.ApiClient) -> kopf.OperatorRegistry:
     registry = kopf.OperatorRegistry()
     kube = Kube(api, workers=config.workers)
-    settings = Settings(trusted_appliers=config.trusted_appliers)
     state: dict[str, Any] = {}
+    elector = Elector(api, config.operator_namespace, config.identity, config.lease)
+    tls = TLSKeeper(api, config.operator_namespace, config.webhook.names, config.webhook.configurations,
+                    config.webhook.lifetimes)
 
     async def reconcile(namespace: str, first_seen: float) -> None:
         await asyncio.to_thread(reconcile_namespace, kube, namespace, state["signer"], state["kid"],
-                                settings, first_seen)
+                                state["settings"], first_seen)
 
-    namespaces = Namespaces(reconcile, config.bundle_window)
+    namespaces = Namespaces(reconcile, config.bundle_window, elector.leading)
+    register_admission(registry, kube, config.operator_namespace, config.four_eyes, state)
 
     @kopf.on.login(registry=registry)
     def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
@@ -155,20 +171,29 @@ def build_registry(config: Config, api: client.ApiClient) -> kopf.OperatorRegist
             return sign(key, message)
 
         state["signer"] = signer
+        state["trust"] = TrustStore([key.public_key()])  # identity stamps are ours alone
+        state["settings"] = Settings(config.trusted_appliers, config.four_eyes, state["trust"])
         assert state["kid"] == key_id(key.public_key())
         log.info("signing with key %s; public keys in ConfigMap %s/unwind-trust",
                  state["kid"], config.operator_namespace)
-        state["resync"] = asyncio.create_task(_resync(namespaces, config.resync_seconds))
+        settings.admission.server = WebhookServer(tls, config.webhook.addr, config.webhook.port)  # type: ignore[assignment]
+        settings.admission.managed = None  # the chart installs the configurations; we keep caBundle
+        state["tasks"] = [asyncio.create_task(_resync(namespaces, config.resync_seconds)),
+                          asyncio.create_task(tls.run()), asyncio.create_task(elector.run())]
 
     @kopf.on.cleanup(registry=registry)
     async def cleanup(**_: Any) -> None:
-        if "resync" in state:
-            state["resync"].cancel()
+        for task in state.get("tasks", ()):
+            task.cancel()
         await namespaces.stop()
 
     @kopf.on.event(API_GROUP, API_VERSION, PLURAL, registry=registry)  # type: ignore[arg-type]
     async def manifest_changed(namespace: str, **_: Any) -> None:
         namespaces.touch(namespace)  # kopf starts watching only after startup completed
+
+    @kopf.on.event(API_GROUP, API_VERSION, APPROVALS, registry=registry)  # type: ignore[arg-type]
+    async def approval_changed(namespace: str, **_: Any) -> None:
+        namespaces.touch(namespace)
 
     @kopf.on.event("", "v1", "configmaps", labels={BUNDLE_LABEL: "true"},  # type: ignore[arg-type]
                    registry=registry)

@@ -12,6 +12,7 @@ import json
 import logging
 from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
 from kubernetes import client
@@ -20,14 +21,18 @@ from kubernetes.client.exceptions import ApiException
 from .. import API_GROUP, API_VERSION
 from ..api.conditions import now_rfc3339
 from ..bundle import BUNDLE_NAME, SHARD_PREFIX, BundleData
-from .reconcile import APPLIED_BY, Event, ManifestObject, Revision
+from .approval import ApprovalObject
+from .identity import APPLIED, APPROVER
+from .reconcile import Event, ManifestObject, Revision
 
 log = logging.getLogger("unwind.operator")
 PLURAL = "toolmanifests"
+APPROVALS = "approvals"
 MANAGED = {"app.kubernetes.io/managed-by": "unwind"}
 BUNDLE_LABEL = "unwind.dev/bundle"
 OWNER_LABEL = "unwind.dev/toolmanifest-uid"
 CHECKSUM_ANNOTATION = "unwind.dev/checksum"
+AUTHOR_ANNOTATION = "unwind.dev/applied-by"
 COMPONENT = "unwind-operator"
 PAGE = 250
 
@@ -48,6 +53,19 @@ def _discard(response: Any) -> None:
         response.release_conn()
 
 
+@dataclass
+class Snapshot:
+    manifests: list[ManifestObject]
+    revisions: list[Revision]
+    bundle: BundleData
+    versions: dict[str, str]  # bundle ConfigMap name -> resourceVersion
+    approvals: list[ApprovalObject]
+
+
+def _kept(meta: dict[str, Any], keys: tuple[str, ...]) -> dict[str, str]:
+    return {k: v for k, v in (meta.get("annotations") or {}).items() if k in keys}
+
+
 class Kube:
     def __init__(self, api: client.ApiClient, workers: int = 8) -> None:
         # Typed as Any: the client's generated types do not fit dict bodies and raw reads.
@@ -57,8 +75,8 @@ class Kube:
         self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="unwind-write")
 
     # ---- gather ---------------------------------------------------------------------
-    def snapshot(self, namespace: str) -> tuple[list[ManifestObject], list[Revision], BundleData, dict[str, str]]:
-        """The namespace as the plan needs it: three paged LISTs (each list is consistent:
+    def snapshot(self, namespace: str) -> Snapshot:
+        """The namespace as the plan needs it: four paged LISTs (each list is consistent:
         later pages come from the first page's resourceVersion; the three may be a moment
         apart, which is harmless with one writer per namespace and a re-reconcile on every
         change). Each page is reduced to what the plan reads before the next is fetched, so
@@ -67,7 +85,7 @@ class Kube:
             name=i["metadata"]["name"], uid=i["metadata"]["uid"],
             generation=int(i["metadata"].get("generation") or 0), spec=i.get("spec"),
             status=i.get("status") or {},
-            annotations={k: v for k, v in (i["metadata"].get("annotations") or {}).items() if k == APPLIED_BY},
+            annotations=_kept(i["metadata"], APPLIED.all()),
             created=i["metadata"].get("creationTimestamp") or "",
             deleting=bool(i["metadata"].get("deletionTimestamp")),
             finalizers=tuple(i["metadata"].get("finalizers") or ()),
@@ -80,13 +98,18 @@ class Kube:
             meta = r["metadata"]
             owner = next((o for o in meta.get("ownerReferences") or [] if o.get("kind") == "ToolManifest"), None)
             if owner is not None:
+                ann = meta.get("annotations") or {}
                 revisions.append(Revision(meta["name"], owner["name"], owner["uid"], int(r["revision"]),
-                                          (meta.get("annotations") or {}).get(CHECKSUM_ANNOTATION, ""),
-                                          r.get("data") or {}))
+                                          ann.get(CHECKSUM_ANNOTATION, ""), r.get("data") or {},
+                                          ann.get(AUTHOR_ANNOTATION, "")))
         cms = list(self._pages(self.core.list_namespaced_config_map, namespace, label_selector=BUNDLE_LABEL))
         bundle = {cm["metadata"]["name"]: dict(cm.get("data") or {}) for cm in cms}
         versions = {cm["metadata"]["name"]: cm["metadata"]["resourceVersion"] for cm in cms}
-        return manifests, revisions, bundle, versions
+        approvals = [ApprovalObject(a["metadata"]["name"], a["metadata"].get("creationTimestamp") or "",
+                                    a.get("spec"), _kept(a["metadata"], APPROVER.all()))
+                     for a in self._pages(self.custom.list_namespaced_custom_object,
+                                          API_GROUP, API_VERSION, namespace, APPROVALS)]
+        return Snapshot(manifests, revisions, bundle, versions, approvals)
 
     @staticmethod
     def _pages(call: Any, *args: Any, **kwargs: Any) -> Iterator[dict[str, Any]]:
@@ -107,7 +130,8 @@ class Kube:
                 "apiVersion": "apps/v1", "kind": "ControllerRevision",
                 "metadata": {"name": rev.name, "namespace": namespace,
                              "labels": {**MANAGED, OWNER_LABEL: rev.owner_uid},
-                             "annotations": {CHECKSUM_ANNOTATION: rev.checksum},
+                             "annotations": {CHECKSUM_ANNOTATION: rev.checksum,
+                                             **({AUTHOR_ANNOTATION: rev.author} if rev.author else {})},
                              "ownerReferences": [{"apiVersion": f"{API_GROUP}/{API_VERSION}",
                                                   "kind": "ToolManifest", "name": rev.owner,
                                                   "uid": rev.owner_uid}]},

@@ -1,0 +1,194 @@
+"""The admission webhook server: HTTPS with a certificate that renews in place.
+
+kopf dispatches AdmissionReviews to the ``@kopf.on.validate``/``@kopf.on.mutate``
+handlers; this module is the server kopf hands them to (kopf's server protocol), because
+kopf's own ``WebhookServer`` restarts its listener when the certificate files change, and
+a restart refuses the requests that arrive meanwhile. Here the certificate is loaded into
+the live ``ssl.SSLContext``: new connections get the new certificate, open ones finish.
+
+``TLSKeeper`` keeps the certificate Secret current (certs.py decides), makes sure every
+webhook configuration's ``caBundle`` holds the CA *before* a certificate it issued is
+served, and loads the certificate. Every replica runs it; writes use resourceVersion
+preconditions, so two replicas renewing at once converge on one certificate.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import datetime as dt
+import json
+import logging
+import os
+import ssl
+import tempfile
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp.web
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from .certs import CA_CERT, TLS_CERT, TLS_KEY, Lifetimes, expires, plan_tls
+
+log = logging.getLogger("unwind.operator")
+TLS_SECRET = "unwind-webhook-tls"
+NOOP_PATH = "/noop"  # the benchmark's baseline: the same server, no admission work
+
+
+@dataclass
+class TLSKeeper:
+    api: client.ApiClient
+    namespace: str
+    names: Sequence[str]  # DNS names and IPs the API server dials
+    configurations: Sequence[str]  # Validating/MutatingWebhookConfiguration names to keep current
+    lifetimes: Lifetimes = field(default_factory=Lifetimes)
+    context: ssl.SSLContext = field(default_factory=lambda: ssl.create_default_context(ssl.Purpose.CLIENT_AUTH))
+    loaded: str = ""  # the serving certificate in use
+    ready: asyncio.Event = field(default_factory=asyncio.Event)
+    _version: str | None = None  # the Secret's resourceVersion when last read
+
+    def __post_init__(self) -> None:
+        self.core: Any = client.CoreV1Api(self.api)
+        self.admission: Any = client.AdmissionregistrationV1Api(self.api)
+        self._dir = Path(tempfile.mkdtemp(prefix="unwind-tls-"))
+
+    def interval(self) -> float:
+        return max(1.0, min(60.0, self.lifetimes.serving.total_seconds() / 10))
+
+    async def run(self) -> None:
+        while True:
+            try:
+                await asyncio.to_thread(self.converge)
+            except Exception as exc:  # retried: a webhook with the previous certificate still serves
+                log.warning("webhook TLS: %s", exc)
+            await asyncio.sleep(self.interval())
+
+    def converge(self) -> None:
+        data = self._read()
+        wanted, why = plan_tls(data, self.names, dt.datetime.now(dt.UTC), self.lifetimes)
+        if wanted is not None:
+            log.info("webhook TLS: issuing a certificate (%s)", why)
+            data = self._write(wanted, data)
+        assert data is not None
+        self.sync_ca_bundles(data[CA_CERT])
+        if data[TLS_CERT] != self.loaded:
+            self._load(data[TLS_CERT], data[TLS_KEY])
+            log.info("webhook TLS: serving a certificate valid until %s", expires(data[TLS_CERT]))
+        self.ready.set()
+
+    def _read(self) -> dict[str, str] | None:
+        try:
+            secret = self.core.read_namespaced_secret(TLS_SECRET, self.namespace)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        self._version = secret.metadata.resource_version
+        return {k: base64.b64decode(v).decode() for k, v in (secret.data or {}).items()}
+
+    def _write(self, wanted: dict[str, str], current: dict[str, str] | None) -> dict[str, str]:
+        body = client.V1Secret(
+            metadata=client.V1ObjectMeta(name=TLS_SECRET, labels={"app.kubernetes.io/managed-by": "unwind"},
+                                         resource_version=self._version if current is not None else None),
+            type="Opaque", data={k: base64.b64encode(v.encode()).decode() for k, v in wanted.items()})
+        try:
+            if current is None:
+                self.core.create_namespaced_secret(self.namespace, body)
+            else:
+                self.core.replace_namespaced_secret(TLS_SECRET, self.namespace, body)
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+            # another replica renewed first: use what it wrote
+            theirs = self._read()
+            assert theirs is not None
+            return theirs
+        return wanted
+
+    def sync_ca_bundles(self, ca_pem: str) -> None:
+        """Every webhook of our configurations trusts exactly this CA bundle."""
+        bundle = base64.b64encode(ca_pem.encode()).decode()
+        for kind, read, patch in (
+                ("Validating", self.admission.read_validating_webhook_configuration,
+                 self.admission.patch_validating_webhook_configuration),
+                ("Mutating", self.admission.read_mutating_webhook_configuration,
+                 self.admission.patch_mutating_webhook_configuration)):
+            for name in self.configurations:
+                try:
+                    config = read(name)
+                except ApiException as exc:
+                    if exc.status == 404:
+                        continue  # this configuration kind is not installed
+                    raise
+                ops = [{"op": "replace" if hook.client_config.ca_bundle else "add",
+                        "path": f"/webhooks/{i}/clientConfig/caBundle", "value": bundle}
+                       for i, hook in enumerate(config.webhooks or [])
+                       if hook.client_config.ca_bundle != bundle]
+                if ops:
+                    ops.insert(0, {"op": "test", "path": "/metadata/resourceVersion",
+                                   "value": config.metadata.resource_version})
+                    patch(name, ops)
+                    log.info("webhook TLS: caBundle of %sWebhookConfiguration %s updated", kind, name)
+
+    def _load(self, cert: str, key: str) -> None:
+        # Fresh file names each time: load_cert_chain reads paths, and the files are gone
+        # right after (only the context keeps the key).
+        fd, path = tempfile.mkstemp(dir=self._dir, suffix=".pem")
+        try:
+            with os.fdopen(fd, "w") as out:
+                out.write(cert + key)
+            self.context.load_cert_chain(path)
+        finally:
+            os.unlink(path)
+        self.loaded = cert
+
+
+@dataclass
+class WebhookServer:
+    """kopf's webhook server protocol over aiohttp, with the keeper's live SSL context."""
+
+    tls: TLSKeeper
+    addr: str = "0.0.0.0"
+    port: int = 9443
+
+    async def __call__(self, fn: Any) -> AsyncIterator[dict[str, Any]]:
+        await self.tls.ready.wait()
+
+        async def serve(request: aiohttp.web.Request) -> aiohttp.web.Response:
+            try:
+                data = json.loads(await request.read())
+            except ValueError as exc:
+                raise aiohttp.web.HTTPBadRequest(reason=f"the body is not JSON: {exc}") from None
+            if not isinstance(data, dict) or not isinstance(data.get("request"), dict):
+                raise aiohttp.web.HTTPBadRequest(reason="the body is not an AdmissionReview")
+            try:
+                response = await fn(data, webhook=request.match_info.get("id"), headers=dict(request.headers),
+                                    sslpeer={})
+            except Exception as exc:  # kopf's errors for unknown resources and missing data
+                raise aiohttp.web.HTTPBadRequest(reason=str(exc) or type(exc).__name__) from None
+            return aiohttp.web.json_response(response)
+
+        async def noop(request: aiohttp.web.Request) -> aiohttp.web.Response:
+            data = json.loads(await request.read())
+            uid = (data.get("request") or {}).get("uid", "")
+            return aiohttp.web.json_response({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+                                              "response": {"uid": uid, "allowed": True}})
+
+        app = aiohttp.web.Application(client_max_size=3 * 1024 * 1024)
+        app.add_routes([aiohttp.web.post(NOOP_PATH, noop), aiohttp.web.post("/{id}", serve)])
+        runner = aiohttp.web.AppRunner(app, handle_signals=False, access_log=None)
+        await runner.setup()
+        try:
+            # reuse_port: a second operator process on the same machine (the local control
+            # plane's two-replica test) shares the port; the kernel spreads connections.
+            site = aiohttp.web.TCPSite(runner, self.addr, self.port, ssl_context=self.tls.context,
+                                       reuse_port=True)
+            await site.start()
+            log.info("admission webhooks listening on https://%s:%d", self.addr, self.port)
+            yield {"url": f"https://{self.addr}:{self.port}"}  # unused: the chart owns the configurations
+            await asyncio.Event().wait()
+        finally:
+            await runner.cleanup()
