@@ -32,14 +32,19 @@ EXPECTED_CLUSTER_RULES = {
     ("", "namespaces"): {"get", "list", "watch"},
     ("unwind.dev", "toolmanifests"): {"get", "list", "watch", "patch"},
     ("unwind.dev", "toolmanifests/status"): {"get", "patch", "update"},
+    ("unwind.dev", "approvals"): {"get", "list", "watch"},
+    ("unwind.dev", "effectledgers"): {"get"},
+    ("admissionregistration.k8s.io", "validatingwebhookconfigurations"): {"get", "patch"},
+    ("admissionregistration.k8s.io", "mutatingwebhookconfigurations"): {"get", "patch"},
     ("apps", "controllerrevisions"): {"get", "list", "watch", "create"},
     ("", "configmaps"): {"get", "list", "watch", "create", "update", "patch", "delete"},
     ("", "events"): {"create", "patch"},
     ("events.k8s.io", "events"): {"create", "patch"},
 }
 EXPECTED_KEYS_RULES = {
-    ("", "secrets"): {"get", "create"},
+    ("", "secrets"): {"get", "create", "update"},
     ("", "configmaps"): {"get", "create", "update", "patch"},
+    ("coordination.k8s.io", "leases"): {"get", "create", "update"},
 }
 
 
@@ -67,6 +72,10 @@ def only(objects: list[dict[str, Any]], kind: str) -> dict[str, Any]:
     found = [obj for obj in objects if obj["kind"] == kind]
     assert len(found) == 1, f"expected one {kind}, found {len(found)}"
     return found[0]
+
+
+def operator_role(objects: list[dict[str, Any]]) -> dict[str, Any]:
+    return next(o for o in objects if o["kind"] == "ClusterRole" and o["metadata"]["name"] == "unwind-operator")
 
 
 def rules_table(role: dict[str, Any]) -> dict[tuple[str, str], set[str]]:
@@ -138,12 +147,19 @@ def test_the_chart_renders_every_object_with_default_values(chart: Any) -> None:
     assert kinds == sorted(
         [
             "ClusterRole",
+            "ClusterRole",
+            "ClusterRole",
+            "ClusterRole",
             "ClusterRoleBinding",
             "Deployment",
+            "MutatingWebhookConfiguration",
+            "PodDisruptionBudget",
             "Role",
             "RoleBinding",
             "Service",
+            "Service",
             "ServiceAccount",
+            "ValidatingWebhookConfiguration",
         ]
     )
 
@@ -202,10 +218,42 @@ def test_the_operator_has_resource_requests_and_limits_by_default(chart: Any) ->
     }
 
 
-def test_the_operator_runs_one_replica_and_is_replaced_not_rolled(chart: Any) -> None:
-    spec = only(render(chart), "Deployment")["spec"]
-    assert spec["replicas"] == 1
-    assert spec["strategy"] == {"type": "Recreate"}
+def test_two_replicas_roll_one_at_a_time_and_a_disruption_budget_keeps_one_up(chart: Any) -> None:
+    objects = render(chart)
+    spec = only(objects, "Deployment")["spec"]
+    assert spec["replicas"] == 2
+    assert spec["strategy"] == {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}}
+    pdb = only(objects, "PodDisruptionBudget")
+    assert pdb["spec"] == {"minAvailable": 1, "selector": {"matchLabels": spec["selector"]["matchLabels"]}}
+    assert not [o for o in render(chart, {"podDisruptionBudget": {"enabled": False}})
+                if o["kind"] == "PodDisruptionBudget"]
+
+
+def test_the_webhooks_fail_closed_skip_the_operator_namespace_and_go_through_the_service(chart: Any) -> None:
+    objects = render(chart)
+    service = next(o for o in objects if o["kind"] == "Service" and o["metadata"]["name"] == "unwind-webhook")
+    assert service["spec"]["ports"] == [{"name": "webhook", "port": 443, "targetPort": "webhook", "protocol": "TCP"}]
+    hooks = [h for kind in ("ValidatingWebhookConfiguration", "MutatingWebhookConfiguration")
+             for h in only(objects, kind)["webhooks"]]
+    assert {h["name"] for h in hooks} == {"toolmanifests.validate.unwind.dev", "approvals.validate.unwind.dev",
+                                          "toolmanifests.stamp.unwind.dev", "approvals.stamp.unwind.dev"}
+    for hook in hooks:
+        assert hook["failurePolicy"] == "Fail"
+        assert hook["sideEffects"] == "None" and hook["timeoutSeconds"] == 5
+        assert hook["namespaceSelector"]["matchExpressions"] == [
+            {"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": [NAMESPACE]}]
+        assert hook["clientConfig"]["service"]["name"] == "unwind-webhook"
+        assert "caBundle" not in hook["clientConfig"]  # the operator fills it in
+    args = operator_container(objects)["args"]
+    assert {"--webhook-port=9443", "--webhook-service=unwind-webhook", "--webhook-configuration=unwind",
+            "--four-eyes=true"} <= set(args)
+
+
+def test_a_webhook_url_replaces_the_service_for_an_operator_outside_the_cluster(chart: Any) -> None:
+    objects = render(chart, {"webhook": {"url": "https://127.0.0.1:9443"}})
+    hook = only(objects, "ValidatingWebhookConfiguration")["webhooks"][0]
+    assert hook["clientConfig"] == {"url": "https://127.0.0.1:9443/validate-toolmanifest"}
+    assert not [o for o in objects if o["kind"] == "Service" and o["metadata"]["name"] == "unwind-webhook"]
 
 
 def test_the_operator_watches_all_namespaces_unless_some_are_named(chart: Any) -> None:
@@ -245,7 +293,7 @@ def test_operator_settings_reach_the_container_environment(chart: Any) -> None:
     assert env["UNWIND_LOG_LEVEL"] == "debug"
 
     defaults = {e["name"]: e.get("value") for e in operator_container(render(chart))["env"]}
-    assert defaults["UNWIND_TRUSTED_APPLIERS"] == "*"
+    assert defaults["UNWIND_TRUSTED_APPLIERS"] == ""  # nobody is trusted unless named
     assert float(defaults["UNWIND_BUNDLE_WINDOW_SECONDS"]) == 1.0
 
 
@@ -257,7 +305,7 @@ def test_the_image_tag_defaults_to_the_app_version(chart: Any) -> None:
 
 def test_the_metrics_service_selects_the_operator_pod_on_port_9090(chart: Any) -> None:
     objects = render(chart)
-    service = only(objects, "Service")
+    service = next(o for o in objects if o["kind"] == "Service" and o["metadata"]["name"] == "unwind-metrics")
     pod_labels = only(objects, "Deployment")["spec"]["template"]["metadata"]["labels"]
     assert service["spec"]["selector"].items() <= pod_labels.items()
     assert service["spec"]["ports"] == [
@@ -278,20 +326,20 @@ def test_rbac_has_no_wildcard_verbs_resources_or_api_groups(chart: Any) -> None:
 
 
 def test_the_cluster_role_grants_exactly_what_the_handlers_use(chart: Any) -> None:
-    cluster_role = only(render(chart), "ClusterRole")
+    cluster_role = operator_role(render(chart))
     assert cluster_role["metadata"]["name"] == "unwind-operator"
     assert rules_table(cluster_role) == EXPECTED_CLUSTER_RULES
 
 
 def test_secrets_are_granted_only_by_a_role_in_the_release_namespace(chart: Any) -> None:
     objects = render(chart)
-    assert ("", "secrets") not in rules_table(only(objects, "ClusterRole"))
+    assert ("", "secrets") not in rules_table(operator_role(objects))
     role = only(objects, "Role")
     assert role["metadata"]["name"] == "unwind-operator-keys"
     assert role["metadata"]["namespace"] == NAMESPACE
     assert rules_table(role) == EXPECTED_KEYS_RULES
     readable = [r for r in role["rules"] if "secrets" in r["resources"] and "get" in r["verbs"]]
-    assert [r["resourceNames"] for r in readable] == [["unwind-signing-key"]]
+    assert [r["resourceNames"] for r in readable] == [["unwind-signing-key"], ["unwind-webhook-tls"]]
 
 
 def test_both_roles_are_bound_to_the_operator_service_account(chart: Any) -> None:
@@ -302,10 +350,22 @@ def test_both_roles_are_bound_to_the_operator_service_account(chart: Any) -> Non
     for kind, role_kind in (("ClusterRoleBinding", "ClusterRole"), ("RoleBinding", "Role")):
         binding = only(objects, kind)
         assert binding["roleRef"]["kind"] == role_kind
-        assert binding["roleRef"]["name"] == only(objects, role_kind)["metadata"]["name"]
+        role = operator_role(objects) if role_kind == "ClusterRole" else only(objects, role_kind)
+        assert binding["roleRef"]["name"] == role["metadata"]["name"]
         assert binding["subjects"] == [
             {"kind": "ServiceAccount", "name": account, "namespace": NAMESPACE}
         ]
+
+
+def test_people_view_and_edit_through_the_builtin_roles_but_approving_is_granted_apart(chart: Any) -> None:
+    roles = {o["metadata"]["name"]: o for o in render(chart) if o["kind"] == "ClusterRole"}
+    aggregates = {name: {k.rsplit("-", 1)[-1] for k in r["metadata"]["labels"] if "aggregate-to" in k}
+                  for name, r in roles.items()}
+    assert aggregates == {"unwind-operator": set(), "unwind-view": {"view", "edit", "admin"},
+                          "unwind-edit": {"edit", "admin"}, "unwind-approver": set()}
+    approver = rules_table(roles["unwind-approver"])
+    assert approver[("unwind.dev", "approvals")] == {"create", "get", "list", "watch"}
+    assert "create" not in rules_table(roles["unwind-edit"])[("unwind.dev", "approvals")]
 
 
 def test_rbac_create_false_renders_no_rbac_objects(chart: Any) -> None:

@@ -92,7 +92,10 @@ def test_the_chart_installs_as_a_deployed_release(installed: dict[str, Any], api
     assert installed["status"] == "deployed"
     assert installed["revision"] == 1
     apps = client.AppsV1Api(api)
-    assert apps.read_namespaced_deployment("unwind-operator", NAMESPACE).spec.replicas == 1
+    assert apps.read_namespaced_deployment("unwind-operator", NAMESPACE).spec.replicas == 2
+    hooks = client.AdmissionregistrationV1Api(api)
+    assert len(hooks.read_validating_webhook_configuration("unwind").webhooks) == 2
+    assert len(hooks.read_mutating_webhook_configuration("unwind").webhooks) == 2
     rbac = client.RbacAuthorizationV1Api(api)
     assert rbac.read_cluster_role("unwind-operator").rules
     assert rbac.read_namespaced_role("unwind-operator-keys", NAMESPACE).rules
@@ -122,6 +125,20 @@ def test_the_operator_may_do_what_its_handlers_need(installed: dict[str, Any], a
     assert may(api, "create", "events", namespace="payments")
     assert may(api, "create", "secrets", namespace=NAMESPACE)
     assert may(api, "get", "secrets", namespace=NAMESPACE, name="unwind-signing-key")
+    assert may(api, "update", "secrets", namespace=NAMESPACE, name="unwind-webhook-tls")
+    assert may(api, "update", "leases", group="coordination.k8s.io", namespace=NAMESPACE, name="unwind-operator")
+    assert may(api, "patch", "validatingwebhookconfigurations", group="admissionregistration.k8s.io",
+               name="unwind")
+    assert may(api, "list", "approvals", group="unwind.dev", namespace="payments")
+
+
+def test_the_operator_may_touch_no_other_webhook_configuration_or_lease(installed: dict[str, Any], api: Any) -> None:
+    assert not may(api, "patch", "validatingwebhookconfigurations", group="admissionregistration.k8s.io",
+                   name="kyverno-resource-validating-webhook-cfg")
+    assert not may(api, "update", "leases", group="coordination.k8s.io", namespace="kube-system",
+                   name="kube-controller-manager")
+    assert not may(api, "update", "leases", group="coordination.k8s.io", namespace=NAMESPACE, name="other")
+    assert not may(api, "create", "approvals", group="unwind.dev", namespace="payments")
 
 
 def test_the_operator_may_not_read_any_other_secret(installed: dict[str, Any], api: Any) -> None:

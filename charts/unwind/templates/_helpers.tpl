@@ -74,3 +74,5 @@ docs/chart.md); the keys Role is narrowed to them.
 */}}
 {{- define "unwind.signingKeySecretName" -}}unwind-signing-key{{- end }}
 {{- define "unwind.trustConfigMapName" -}}unwind-trust{{- end }}
+{{- define "unwind.webhookTLSSecretName" -}}unwind-webhook-tls{{- end }}
+{{- define "unwind.leaseName" -}}unwind-operator{{- end }}
