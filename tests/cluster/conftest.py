@@ -14,11 +14,23 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from cluster_helpers import METRICS_PORT
 from kubernetes import client, config
 
 from unwind.controlplane import BuildError, ControlPlane, ensure_binaries
+from unwind.controlplane.cluster import free_ports
+from unwind.controlplane.dev import (
+    OperatorProcess,
+    install_chart,
+    install_crds,
+    local_values,
+    service_account_kubeconfig,
+)
 
 HERE = Path(__file__).parent.resolve()
+# Token users with distinct identities (name -> groups), for approvals and four-eyes.
+USERS = {"alice": ("dev",), "bob": ("reviewers",), "carol": ("reviewers", "finance"),
+         "dave": ("finance",)}
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -37,7 +49,7 @@ def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlP
             pytest.fail(reason)
         print(reason)
         pytest.skip(reason)
-    cp = ControlPlane(bins=bins, die_with_parent=True)
+    cp = ControlPlane(bins=bins, die_with_parent=True, users=USERS)
     try:
         cp.start(tmp_path_factory.mktemp("controlplane"))
         yield cp
@@ -70,7 +82,30 @@ def namespace(k8s_api: client.ApiClient) -> Iterator[str]:
         if time.monotonic() > deadline:
             pytest.fail(f"no default ServiceAccount in {name} after 30s")
         time.sleep(0.1)
+    # Every test user may edit ToolManifests and decide Approvals here, through the chart's
+    # own user roles when the chart is installed (tests/cluster/test_operator.py does).
+    rbac = client.RbacAuthorizationV1Api(k8s_api)
+    for role in ("unwind-edit", "unwind-view", "unwind-approver"):
+        rbac.create_namespaced_role_binding(name, {
+            "metadata": {"name": f"test-users-{role}"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
+            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": u} for u in USERS]})
     try:
         yield name
     finally:
         core.delete_namespace(name)  # finalized asynchronously by the namespace controller
+
+
+@pytest.fixture(scope="session")
+def operator(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Iterator[OperatorProcess]:
+    install_crds(control_plane.kubeconfig)
+    port = free_ports(1)[0]
+    install_chart(control_plane.kubeconfig, local_values(port))
+    work = tmp_path_factory.mktemp("operator")
+    sa = service_account_kubeconfig(control_plane, work / "sa.kubeconfig")
+    op = OperatorProcess(sa, work / "operator.log", ("--bundle-window=0.3", f"--metrics-port={METRICS_PORT}",
+                                                     "--trusted-appliers=admin"), webhook_port=port).start()
+    try:
+        yield op
+    finally:
+        op.stop()

@@ -105,8 +105,12 @@ class ControlPlane:
     """
 
     def __init__(self, workdir: str | Path | None = None, bins: BinPaths | None = None, *,
-                 startup_timeout: float = 120.0, die_with_parent: bool = False) -> None:
+                 startup_timeout: float = 120.0, die_with_parent: bool = False,
+                 users: dict[str, tuple[str, ...]] | None = None) -> None:
         self._workdir = Path(workdir).resolve() if workdir else None
+        # Extra token users (name -> groups), for tests that need distinct identities.
+        self.users = dict(users or {})
+        self.tokens: dict[str, str] = {}
         self._bins = bins
         self.startup_timeout = startup_timeout
         self.die_with_parent = die_with_parent
@@ -142,6 +146,13 @@ class ControlPlane:
     def pids(self) -> dict[str, int]:
         return {name: p.pid for name, p in self._procs.items()}
 
+    def user_kubeconfig(self, user: str) -> Path:
+        """A kubeconfig that authenticates as one of ``users`` (written on first use)."""
+        path = self.workdir / f"kubeconfig-{user}"
+        if not path.exists():
+            make_token_kubeconfig(self._server, self.ca_file, self.tokens[user], path, user=user)
+        return path
+
     def log_file(self, name: str) -> Path:
         return self.workdir / "logs" / f"{name}.log"
 
@@ -175,8 +186,11 @@ class ControlPlane:
     def _start(self, wd: Path, bins: BinPaths) -> None:
         pki = write_pki(wd / "pki")
         self._token = secrets.token_hex(24)
+        self.tokens = {"admin": self._token, **{u: secrets.token_hex(24) for u in self.users}}
         tokens = wd / "tokens.csv"
-        tokens.write_text(f'{self._token},admin,admin,"system:masters"\n')
+        lines = [f'{self._token},admin,admin,"system:masters"']
+        lines += [f'{self.tokens[u]},{u},{u},"{",".join(groups)}"' for u, groups in self.users.items()]
+        tokens.write_text("\n".join(lines) + "\n")
         tokens.chmod(0o600)
         etcd_client, etcd_peer, api_port = free_ports(3)
         self._server = f"https://127.0.0.1:{api_port}"

@@ -12,6 +12,8 @@ import base64
 import json
 import os
 import signal
+import socket
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -53,11 +55,23 @@ def install_crds(kubeconfig: Path) -> None:
     kubectl(kubeconfig, "wait", "--for=condition=Established", "--timeout=60s", *names)
 
 
+def local_values(webhook_port: int, trusted: tuple[str, ...] = ("admin",)) -> dict[str, object]:
+    """Chart values for an operator running beside the local API server: the webhooks are
+    called on loopback, and the control plane's own admin is a trusted applier so the
+    quickstart publishes what it applies."""
+    return {"webhook": {"url": f"https://127.0.0.1:{webhook_port}"},
+            "operator": {"trustedAppliers": list(trusted)}}
+
+
 def install_chart(kubeconfig: Path, values: dict[str, object] | None = None) -> None:
     """A real Helm install of charts/unwind (CRDs already applied, so Helm skips them)."""
     import helm_python as helm
 
     kubectl(kubeconfig, "create", "namespace", OPERATOR_NAMESPACE, check=False)
+    # Kubernetes >= 1.21 sets this label itself; the webhooks' namespaceSelector reads it
+    # to leave the operator's own namespace alone.
+    kubectl(kubeconfig, "label", "--overwrite", "namespace", OPERATOR_NAMESPACE,
+            f"kubernetes.io/metadata.name={OPERATOR_NAMESPACE}")
     with helm.Config(kubeconfig_path=str(kubeconfig), namespace=OPERATOR_NAMESPACE) as cfg:
         cfg.install(str(CHART), RELEASE, values=values or {}, namespace=OPERATOR_NAMESPACE)
 
@@ -86,17 +100,21 @@ class OperatorProcess:
     kubeconfig: Path
     log: Path
     args: tuple[str, ...] = ()
+    webhook_port: int = 0  # the admission webhooks' port on 127.0.0.1 (shared by replicas)
     proc: subprocess.Popen[bytes] | None = None
     port: int = 0
 
     def start(self, detach: bool = False) -> OperatorProcess:
         self.port = free_ports(1)[0]
+        self.webhook_port = self.webhook_port or free_ports(1)[0]
         env = {**os.environ, "KUBECONFIG": str(self.kubeconfig), "PYTHONUNBUFFERED": "1"}
         with self.log.open("ab") as out:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "unwind.cli.main", "operator",
                  f"--operator-namespace={OPERATOR_NAMESPACE}",
-                 f"--liveness=http://127.0.0.1:{self.port}/healthz", *self.args],
+                 f"--liveness=http://127.0.0.1:{self.port}/healthz",
+                 "--webhook-addr=127.0.0.1", f"--webhook-port={self.webhook_port}",
+                 "--webhook-name=127.0.0.1", f"--webhook-configuration={RELEASE}", *self.args],
                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
                 start_new_session=detach)
         self.wait_live()
@@ -111,7 +129,10 @@ class OperatorProcess:
                                         f"log {self.log}:\n{self.log.read_text()[-3000:]}")
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/healthz", timeout=2):
-                    return
+                    pass
+                with socket.create_connection(("127.0.0.1", self.webhook_port), timeout=2) as sock, \
+                        _unverified().wrap_socket(sock):
+                    return  # live, and the webhooks answer TLS handshakes
             except OSError:
                 time.sleep(0.3)
         raise ControlPlaneError(f"the operator was not live after {timeout:.0f}s; log {self.log}")
@@ -127,6 +148,13 @@ class OperatorProcess:
             self.proc.wait(5)
 
 
+def _unverified() -> ssl.SSLContext:
+    ctx = ssl.create_default_context()
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    return ctx
+
+
 def up(workdir: Path) -> tuple[ControlPlane, int]:
     """Start everything; return the control plane and the operator's pid."""
     workdir.mkdir(parents=True, exist_ok=True)
@@ -134,10 +162,11 @@ def up(workdir: Path) -> tuple[ControlPlane, int]:
         raise ControlPlaneError(f"a dev control plane is already running in {workdir}: "
                                 "run `unwind dev down` first")
     cp = ControlPlane(workdir / "cluster").start()
-    op = OperatorProcess(workdir / "operator.kubeconfig", workdir / "operator.log")
+    op = OperatorProcess(workdir / "operator.kubeconfig", workdir / "operator.log",
+                         ("--trusted-appliers=admin",), webhook_port=free_ports(1)[0])
     try:
         install_crds(cp.kubeconfig)
-        install_chart(cp.kubeconfig)
+        install_chart(cp.kubeconfig, local_values(op.webhook_port))
         service_account_kubeconfig(cp, op.kubeconfig)
         op.start(detach=True)
     except BaseException:
