@@ -37,12 +37,14 @@ import ssl
 import threading
 import time
 import urllib.parse
+from collections.abc import Callable
 from typing import Any
 
 from ..manifest.model import ToolManifest
 from .errors import RegistryError
 from .registry import Registry
 from .signing import TrustStore
+from .state import Generations
 from .storage import INDEX_FILE, escape_tool, parse_json
 
 MAX_BYTES = 4 * 1024 * 1024  # a single manifest version is a few KiB; refuse anything silly
@@ -205,18 +207,32 @@ class HttpStorage:
             raise RegistryError("missing", f"{tool} v{version}: {url} was not found (HTTP 404)")
         return parse_json(data, f"{tool} v{version}: {url}")
 
-    def write_version(self, tool: str, version: int, record: dict[str, Any],
-                      index: dict[str, Any]) -> None:
-        raise RegistryError("remote", f"{self.base} is read-only: publish to the registry "
-                            "folder and serve it again")
+    def _read_only(self) -> RegistryError:
+        return RegistryError("remote", f"{self.base} is read-only: publish to the registry "
+                             "folder and serve it again")
+
+    def write_version(self, tool: str, version: int, record: dict[str, Any]) -> None:
+        raise self._read_only()
+
+    def update_index(self, change: Callable[[Any | None], dict[str, Any]]) -> None:
+        raise self._read_only()
+
+    def list_versions(self) -> None:
+        return None  # a static server has no listing to ask for
 
 
 def load_remote(url: str, trust: TrustStore | None = None,
                 ca_file: str | os.PathLike[str] | None = None, *, timeout: float = TIMEOUT_S,
-                total_timeout: float = TOTAL_TIMEOUT_S,
-                max_bytes: int = MAX_BYTES) -> dict[str, ToolManifest]:
+                total_timeout: float = TOTAL_TIMEOUT_S, max_bytes: int = MAX_BYTES,
+                generations: Generations | None = None,
+                min_generation: int | None = None) -> dict[str, ToolManifest]:
     """The enforceable registry served at ``url`` (see :meth:`Registry.load`): each fetch
-    within ``timeout`` seconds and ``max_bytes``, all of them within ``total_timeout``."""
+    within ``timeout`` seconds and ``max_bytes``, all of them within ``total_timeout``.
+
+    Pass the same ``generations`` (a :class:`MemoryGenerations` kept across reloads, or a
+    :class:`FileGenerations`) to every load: with a trust store, an index older than one
+    accepted before is then refused (``index_rollback``). ``min_generation`` is a floor
+    given by hand. A library call keeps no state unless given one."""
     storage = HttpStorage(url, ca_file, timeout=timeout, total_timeout=total_timeout,
                           max_bytes=max_bytes)
-    return Registry(storage).load(trust)
+    return Registry(storage, generations=generations).load(trust, min_generation)
