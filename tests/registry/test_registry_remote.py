@@ -13,6 +13,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from unwind.registry import (
     FolderStorage,
     HttpStorage,
+    MemoryGenerations,
     Registry,
     RegistryError,
     TrustStore,
@@ -178,3 +179,25 @@ def test_a_file_streamed_without_a_length_is_cut_at_the_limit(tls: Tls) -> None:
     with serve_scripted(endless, tls) as server, pytest.raises(RegistryError) as err:
         HttpStorage(f"{server.base_url}/reg", max_bytes=4096, **_ca(tls)).read_index()
     assert err.value.code == "remote" and "larger than 4096 bytes" in err.value.message
+
+
+def test_a_gateway_reloading_with_its_generations_refuses_an_older_index_served_again(
+        https_server: Server, tls: Tls, signing_keys: dict[str, Ed25519PrivateKey]) -> None:
+    root = https_server.root / "gateway-replay"
+    key = signing_keys["k1"]
+    registry = Registry(FolderStorage(root))
+    registry.publish([{"tool": "a", "effect": "read_only", "permission": "p"}], by="x",
+                     status="approved", key=key)
+    old = (root / "index.json").read_bytes()
+    registry.publish([{"tool": "a", "effect": "read_only", "permission": "q"}], by="x",
+                     status="approved", key=key)
+    seen = MemoryGenerations()
+    trust = TrustStore([key.public_key()])
+    url = f"{https_server.base_url}/gateway-replay"
+    assert load_remote(url, trust, tls.ca_file, generations=seen)["a"].version == 2
+    (root / "index.json").write_bytes(old)
+    with pytest.raises(RegistryError) as err:
+        load_remote(url, trust, tls.ca_file, generations=seen)
+    assert err.value.code == "index_rollback" and "by this process" in err.value.message
+    # Without memory only the expiry bounds a replay: the old copy is still signed and fresh.
+    assert load_remote(url, trust, tls.ca_file)["a"].version == 1
