@@ -88,7 +88,8 @@ def test_an_expired_index_fails_verify_until_it_is_signed_again(
 
 def test_an_index_ttl_that_is_not_a_positive_duration_is_refused(
         workdir: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    for ttl, message in (("0", "must be longer than 0"), ("soon", "is not a duration")):
+    for ttl, message in (("0s", "must be longer than 0"), ("soon", "is not a duration"),
+                         ("30", "give '30' a unit, such as 30d or 12h")):
         Path("m.yaml").write_text(f"tool: {TOOL}\neffect: idempotent\npermission: p\n")
         code, _, err = run(capsys, "manifests", "publish", "m.yaml", "--registry", "reg",
                            "--key", "keys/mf.key", "--index-ttl", ttl)

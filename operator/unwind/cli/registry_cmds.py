@@ -89,6 +89,8 @@ def _index_ttl(args: argparse.Namespace) -> timedelta:
     value = getattr(args, "index_ttl", None)
     if value is None:
         return DEFAULT_INDEX_TTL
+    if value.strip().isdigit():  # a duration field's bare number means ms: 30 would expire at once
+        raise RegistryError("invalid", f"--index-ttl: give {value!r} a unit, such as 30d or 12h")
     try:
         return timedelta(milliseconds=parse_duration(value))
     except ValueError as exc:
