@@ -49,6 +49,14 @@ class FolderHarness:
         return json.loads((storage.root / INDEX_FILE).read_text())
 
 
+@pytest.fixture(autouse=True)
+def private_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The CLI remembers index generations under $XDG_CACHE_HOME: keep each test's own."""
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
+    return cache
+
+
 @pytest.fixture(scope="session")
 def signing_keys() -> dict[str, Ed25519PrivateKey]:
     """k1 is the trusted key in the contract table, k2 a key nobody trusts."""

@@ -6,18 +6,29 @@ storage chooses (paths, resource names), so the same rows hold for the folder an
 cluster. Rows marked ``read_side`` are also run with their ``load`` and ``verify`` steps
 going through the remote loader (the folder served over HTTPS).
 
-Keys are named: ``k1`` is the trusted key, ``k2`` a key nobody trusts.
+Keys are named: ``k1`` is the trusted key, ``k2`` a key nobody trusts. A refusal that
+names no tool (``Refused("unsigned_index")``) is about the index as a whole; so is a
+``verify`` finding ``(None, None, code)``. The loads of one row share the generations
+they accept, as a gateway's reloads do.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from unwind.registry import Registry, RegistryError, Storage, TrustStore
+from unwind.registry import (
+    Generations,
+    MemoryGenerations,
+    Registry,
+    RegistryError,
+    Storage,
+    TrustStore,
+)
 
 
 def manifest(tool: str, **extra: Any) -> dict[str, Any]:
@@ -80,6 +91,32 @@ def edit_version(tool: str, version: int, **changes: Any) -> Step:
 def swap_signature(tool: str, from_version: int, to_version: int) -> Step:
     """Copy one version's signature onto another, in its file and in the index."""
     return Step("swap_signature", {"tool": tool, "from": from_version, "to": to_version})
+
+
+def sign_index(key: str = "k1", days_ago: int = 0, trust: tuple[str, ...] = (),
+               expect: Any = None) -> Step:
+    """``unwind manifests sign-index``, by a writer whose clock says ``days_ago`` days ago
+    and who also trusts ``trust`` (besides its own key) on the index it signs over."""
+    return Step("sign_index", {"key": key, "days_ago": days_ago, "trust": trust}, expect)
+
+
+def generation(expect: int) -> Step:
+    return Step("generation", {}, expect)
+
+
+def save_index(name: str) -> Step:
+    """Keep a copy of index.json as it is now (an attacker keeping an old signed copy)."""
+    return Step("save_index", {"name": name})
+
+
+def restore_index(name: str) -> Step:
+    """Put a saved copy of index.json back, as it was signed (a rollback)."""
+    return Step("restore_index", {"name": name})
+
+
+def cut_index(tool: str, keep: int) -> Step:
+    """Drop the tool's index entries above version ``keep``, leaving the signature as it is."""
+    return Step("cut_index", {"tool": tool, "keep": keep})
 
 
 @dataclass(frozen=True)
@@ -174,26 +211,97 @@ ROWS: tuple[Row, ...] = (
         approve("a", expect=Refused("tampered", "a", 1)),
     )),
     Row("a version signed by an untrusted key is refused", (
-        publish("a", status="approved", key="k2"),
-        load(expect=Refused("untrusted", "a", 1)),
+        publish("a", status="approved", key="k2"),  # the index is signed by k2 too
+        load(expect=Refused("untrusted_index")),
         load(trust=("k1", "k2"), expect={"a": (1, "approved")}),
         load(trust=None, expect={"a": (1, "approved")}),
+        verify(expect=[(None, None, "untrusted_index"), ("a", 1, "untrusted")]),
+    ), read_side=True),
+    Row("a version signed by an untrusted key is refused under an index signed by a trusted key", (
+        publish("a", status="approved", key="k2"),
+        sign_index("k1", expect=Refused("untrusted_index")),  # k1's writer does not know k2
+        sign_index("k1", trust=("k2",)),
+        load(expect=Refused("untrusted", "a", 1)),
         verify(expect=[("a", 1, "untrusted")]),
     ), read_side=True),
     Row("a signature swapped between versions is refused", (
         publish("a", status="approved"),
         publish(manifest("a", description="second"), status="approved"),
-        swap_signature("a", 1, 2),
-        load(expect=Refused("bad_signature", "a", 2)),
-        verify(expect=[("a", 2, "bad_signature")]),
+        swap_signature("a", 1, 2),  # edits the index too, so its signature breaks first
+        load(expect=Refused("bad_index_signature")),
+        verify(expect=[(None, None, "bad_index_signature"), ("a", 2, "bad_signature")]),
     ), read_side=True),
     Row("an unsigned version is refused while a trust store is set", (
         publish("a", status="approved", key=None),
+        sign_index("k1"),  # an old registry signed as it is: the version stays unsigned
         load(expect=Refused("unsigned", "a", 1)),
         load(trust=None, expect={"a": (1, "approved")}),
         verify(expect=[("a", 1, "unsigned")]),
         verify(trust=None, expect=[]),
     ), read_side=True),
+    Row("an unsigned index is refused while a trust store is set", (
+        publish("a", status="approved", key=None),
+        load(expect=Refused("unsigned_index")),
+        load(trust=None, expect={"a": (1, "approved")}),
+        verify(expect=[(None, None, "unsigned_index"), ("a", 1, "unsigned")]),
+    ), read_side=True),
+    Row("each write of the index raises its generation by one", (
+        publish("a"),
+        generation(1),
+        approve("a"),
+        generation(2),
+        publish("b", "c"),  # one index write per tool
+        generation(4),
+        publish("b"),  # unchanged: nothing written
+        generation(4),
+        sign_index("k1"),
+        generation(5),
+    )),
+    Row("a version list cut back to an older signed version is refused", (
+        publish("a", status="approved"),
+        publish(manifest("a", description="second"), status="approved"),
+        cut_index("a", keep=1),
+        load(expect=Refused("bad_index_signature")),
+        load(trust=None, expect={"a": (1, "approved")}),  # checksums alone cannot see it
+    ), read_side=True),
+    Row("verify reports the version files a cut-back index no longer lists", (
+        publish("a", status="approved"),
+        publish(manifest("a", description="second"), status="approved"),
+        cut_index("a", keep=1),
+        verify(expect=[(None, None, "bad_index_signature"), ("a", 2, "unlisted_version")]),
+        verify(trust=None, expect=[("a", 2, "unlisted_version")]),
+    )),
+    Row("an older signed index served again is refused once a newer one was accepted", (
+        publish("a", status="approved"),
+        save_index("old"),
+        publish(manifest("a", description="second"), status="approved"),
+        load(expect={"a": (2, "approved")}),
+        restore_index("old"),  # validly signed, and not expired
+        load(expect=Refused("index_rollback")),
+        load(trust=None, expect=Refused("index_rollback")),
+    ), read_side=True),
+    Row("an expired index is refused until it is signed again", (
+        publish("a", status="approved"),
+        sign_index("k1", days_ago=31),  # signed with the default TTL of 30 days
+        load(expect=Refused("index_expired")),
+        load(trust=None, expect={"a": (1, "approved")}),
+        sign_index("k1"),
+        load(expect={"a": (1, "approved")}),
+    ), read_side=True),
+    Row("a write without a key to a signed registry is refused", (
+        publish("a"),
+        publish(manifest("a", description="second"), key=None, expect=Refused("key_required")),
+        approve("a", key=None, expect=Refused("key_required")),
+        history("a", [(1, "draft", "publish")]),
+    )),
+    Row("a writer does not re-sign an index changed behind the registry's back", (
+        publish("a", status="approved"),
+        publish(manifest("a", description="second"), status="approved"),
+        cut_index("a", keep=1),
+        publish("b", expect=Refused("bad_index_signature")),
+        sign_index("k1", expect=Refused("unlisted_version", "a", 2)),
+        load(expect=Refused("bad_index_signature")),
+    )),
     Row("history lists every version oldest first, and nothing is rewritten", (
         publish("a", by="alice"),
         approve("a", by="bob"),
@@ -228,6 +336,12 @@ def _outcome(o: Any) -> tuple[Any, ...]:
                                                                "unchanged")
 
 
+def _sign_index(storage: Storage, keys: dict[str, Ed25519PrivateKey], a: dict[str, Any]) -> int:
+    when = datetime.now(UTC) - timedelta(days=a["days_ago"])
+    writer = Registry(storage, clock=lambda: when, trust=_trust(a["trust"], keys))
+    return writer.sign_index(keys[a["key"]]).generation
+
+
 def _check_refusal(exc: RegistryError, expect: Refused, where: str) -> None:
     assert exc.code == expect.code, f"{where}: expected {expect.code}, got {exc.code}: {exc}"
     if expect.tool is not None:
@@ -237,7 +351,7 @@ def _check_refusal(exc: RegistryError, expect: Refused, where: str) -> None:
 
 
 def _perform(step: Step, registry: Registry, read: Callable[[], Registry], storage: Storage,
-             harness: Harness, keys: dict[str, Ed25519PrivateKey]) -> Any:
+             harness: Harness, keys: dict[str, Ed25519PrivateKey], saved: dict[str, Any]) -> Any:
     a = step.args
     key = keys[a["key"]] if a.get("key") else None
     if step.op == "publish":
@@ -262,19 +376,35 @@ def _perform(step: Step, registry: Registry, read: Callable[[], Registry], stora
         return _edit(storage, harness, a)
     if step.op == "swap_signature":
         return _swap(storage, harness, a)
+    if step.op == "sign_index":
+        return _sign_index(storage, keys, a)
+    if step.op == "generation":
+        return registry.read_index().generation
+    if step.op == "save_index":
+        saved[a["name"]] = storage.read_index()
+        return None
+    if step.op == "restore_index":
+        return harness.overwrite_index(storage, saved[a["name"]])
+    if step.op == "cut_index":
+        index = storage.read_index()
+        index["tools"][a["tool"]] = [e for e in index["tools"][a["tool"]] if e["version"] <= a["keep"]]
+        return harness.overwrite_index(storage, index)
     raise AssertionError(f"unknown step {step.op}")
 
 
 def run_row(row: Row, storage: Storage, harness: Harness, keys: dict[str, Ed25519PrivateKey],
-            reader: Callable[[], Registry] | None = None) -> None:
+            reader: Callable[[Generations], Registry] | None = None) -> None:
     """Run every step; ``reader`` gives the registry load/verify read through (default: the
-    same storage)."""
+    same storage), keeping accepted generations in the row's one store."""
     registry = Registry(storage)
-    read = reader or (lambda: registry)
+    generations = MemoryGenerations()
+    make = reader or (lambda g: Registry(storage, generations=g))
+    saved: dict[str, Any] = {}
     for i, step in enumerate(row.steps):
         where = f"{row.name!r} step {i + 1} ({step.op})"
         try:
-            got = _perform(step, registry, read, storage, harness, keys)
+            got = _perform(step, registry, lambda: make(generations), storage, harness, keys,
+                           saved)
         except RegistryError as exc:
             assert isinstance(step.expect, Refused), f"{where}: unexpected refusal {exc.code}: {exc}"
             _check_refusal(exc, step.expect, where)

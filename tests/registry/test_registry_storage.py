@@ -42,9 +42,9 @@ def test_a_write_leaves_no_temporary_files_and_writes_the_index_last(tmp_path: P
 
 def test_an_existing_version_is_never_overwritten(tmp_path: Path) -> None:
     storage = FolderStorage(tmp_path)
-    storage.write_version("a", 1, {"first": True}, {"format": "unwind-registry/v1", "tools": {}})
+    storage.write_version("a", 1, {"first": True})
     with pytest.raises(RegistryError) as err:
-        storage.write_version("a", 1, {"second": True}, {"format": "unwind-registry/v1", "tools": {}})
+        storage.write_version("a", 1, {"second": True})
     assert err.value.code == "conflict"
     assert storage.read_version("a", 1) == {"first": True}
 

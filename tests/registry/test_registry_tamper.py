@@ -82,25 +82,49 @@ def test_swapping_a_signature_between_versions_is_refused(
     second["signature"] = first["signature"]
     index_path.write_text(json.dumps(index))
     _edit(root / "reg" / FILE / "v2.json", {"signature": first["signature"]})
-    assert _refused(root, key, 2).code == "bad_signature"
-    assert "does not verify" in _verify_exits_1(root, capsys, 2)
+    with pytest.raises(RegistryError) as err:  # the index names the versions: it fails first
+        Registry(FolderStorage(root / "reg")).load(TrustStore([key.public_key()]))
+    assert err.value.code == "bad_index_signature" and "index.json" in err.value.message
+    out = _verify_exits_1(root, capsys, 2)
+    assert "index.json: the index's signature does not verify" in out
+    assert f"{TOOL} v2 ({root / 'reg' / FILE}/v2.json): its signature does not verify" in out
 
 
-def test_signing_with_an_untrusted_key_is_refused(signed: tuple[Path, Ed25519PrivateKey],
-                                                  capsys: pytest.CaptureFixture[str]) -> None:
-    root, key = signed
-    Registry(FolderStorage(root / "reg")).publish(
-        [{"tool": TOOL, "effect": "idempotent", "permission": "x"}], by="mallory",
-        status="approved", key=Ed25519PrivateKey.generate())
-    assert _refused(root, key, 3).code == "untrusted"
-    assert "not a trusted key" in _verify_exits_1(root, capsys, 3)
+def test_publishing_with_an_untrusted_key_onto_a_signed_registry_is_refused(
+        signed: tuple[Path, Ed25519PrivateKey], capsys: pytest.CaptureFixture[str]) -> None:
+    root, _ = signed
+    with pytest.raises(RegistryError) as err:
+        Registry(FolderStorage(root / "reg")).publish(
+            [{"tool": TOOL, "effect": "idempotent", "permission": "x"}], by="mallory",
+            status="approved", key=Ed25519PrivateKey.generate())
+    assert err.value.code == "untrusted_index" and "neither the --key given" in err.value.message
+    assert not (root / "reg" / FILE / "v3.json").exists()
+    code, _, _ = run(capsys, "manifests", "verify", "--registry", str(root / "reg"),
+                     "--trust", str(root / "trusted.pub"))
+    assert code == 0
+
+
+def test_a_write_without_a_key_to_a_signed_registry_is_refused(
+        signed: tuple[Path, Ed25519PrivateKey]) -> None:
+    root, _ = signed
+    with pytest.raises(RegistryError) as err:
+        Registry(FolderStorage(root / "reg")).rollback(TOOL, 1, by="bob")  # no --key
+    assert err.value.code == "key_required" and "pass --key" in err.value.message
+    assert not (root / "reg" / FILE / "v3.json").exists()
 
 
 def test_an_unsigned_version_is_refused_while_a_key_is_trusted(
         signed: tuple[Path, Ed25519PrivateKey], capsys: pytest.CaptureFixture[str],
         monkeypatch: pytest.MonkeyPatch) -> None:
     root, key = signed
-    Registry(FolderStorage(root / "reg")).rollback(TOOL, 1, by="bob")  # no --key: unsigned
+    # A registry written before keys were used, then signed as it is: its index is signed
+    # but its versions are not.
+    (root / "reg").rename(root / "signed")
+    registry = Registry(FolderStorage(root / "reg"))
+    for permission in ("payments:refund", "payments:refund-v2", "payments:refund-v3"):
+        registry.publish([{"tool": TOOL, "effect": "idempotent", "permission": permission}],
+                         by="alice", status="approved")
+    registry.sign_index(key)
     assert _refused(root, key, 3).code == "unsigned"
     assert "is not signed" in _verify_exits_1(root, capsys, 3)
     monkeypatch.setenv("UNWIND_MANIFEST_PUBLIC_KEY", str(root / "trusted.pub"))

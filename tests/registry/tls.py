@@ -12,7 +12,7 @@ import http.server
 import ipaddress
 import ssl
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -94,8 +94,40 @@ class Server:
 @contextmanager
 def serve(root: Path, tls: Tls | None) -> Iterator[Server]:
     """Serve ``root`` as static files on 127.0.0.1 (HTTPS when ``tls`` is given)."""
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0),
-                                            functools.partial(_Handler, directory=str(root)))
+    with _run(functools.partial(_Handler, directory=str(root)), root, tls) as server:
+        yield server
+
+
+Respond = Callable[[http.server.BaseHTTPRequestHandler], None]
+
+
+class _Scripted(http.server.SimpleHTTPRequestHandler):
+    """Answers GETs with a test's own function (a redirect, a trickle, a delay...)."""
+
+    def do_GET(self) -> None:
+        self.server.requested.append(self.path)  # type: ignore[attr-defined]
+        self.server.respond(self)  # type: ignore[attr-defined]
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+@contextmanager
+def serve_scripted(respond: Respond, tls: Tls | None, root: Path | None = None) -> Iterator[Server]:
+    """A server on 127.0.0.1 whose every GET is answered by ``respond(handler)``; with
+    ``root``, the handler can also serve files from it (``handler.send_head()``...)."""
+    directory = str(root) if root is not None else "."
+    with _run(functools.partial(_Scripted, directory=directory), root or Path("."), tls,
+              respond) as server:
+        yield server
+
+
+@contextmanager
+def _run(handler: Callable[..., Any], root: Path, tls: Tls | None,
+         respond: Respond | None = None) -> Iterator[Server]:
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    httpd.daemon_threads = True
+    httpd.respond = respond  # type: ignore[attr-defined]
     requested: list[str] = []
     httpd.requested = requested  # type: ignore[attr-defined]
     scheme = "http"

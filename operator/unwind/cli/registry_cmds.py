@@ -1,5 +1,6 @@
-"""`unwind keygen` and `unwind manifests publish|approve|deprecate|rollback|history|diff|
-list|verify|check`: thin wrappers that parse flags, call :mod:`unwind.registry`, and print.
+"""`unwind keygen` and `unwind manifests publish|approve|deprecate|rollback|sign-index|
+history|diff|list|verify|check`: thin wrappers that parse flags, call :mod:`unwind.registry`,
+and print.
 
 Every handler returns an exit code; a refusal is one line ``error: ...`` on stderr and
 exit 1, never a traceback, because these commands run in CI logs and pre-merge hooks
@@ -15,20 +16,28 @@ import json
 import os
 import sys
 from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from ..manifest.durations import parse_duration
 from ..registry import (
+    DEFAULT_INDEX_TTL,
+    FileGenerations,
     FolderStorage,
+    Generations,
     HttpStorage,
     Outcome,
     Registry,
     RegistryError,
+    RegistryIndex,
     VersionRecord,
+    default_state_file,
     generate_keypair,
     load_config,
     load_private_key,
     resolve_trust,
 )
+from ..registry.index import format_time
 from ..registry.storage import Storage
 from .main import cmd_validate
 
@@ -64,8 +73,37 @@ def _storage(args: argparse.Namespace) -> Storage:
     return FolderStorage(location)
 
 
+def _generations(args: argparse.Namespace, storage: Storage) -> Generations | None:
+    """The state file of accepted index generations: --generation-state, else the default
+    file for an https registry (a rollback there is an attack), else none (a folder is
+    usually a git checkout, where going back to an older commit is normal)."""
+    if getattr(args, "no_generation_state", False):
+        return None
+    path = getattr(args, "generation_state", None)
+    if path:
+        return FileGenerations(path)
+    return FileGenerations(default_state_file()) if "://" in storage.location() else None
+
+
+def _index_ttl(args: argparse.Namespace) -> timedelta:
+    value = getattr(args, "index_ttl", None)
+    if value is None:
+        return DEFAULT_INDEX_TTL
+    if value.strip().isdigit():  # a duration field's bare number means ms: 30 would expire at once
+        raise RegistryError("invalid", f"--index-ttl: give {value!r} a unit, such as 30d or 12h")
+    try:
+        return timedelta(milliseconds=parse_duration(value))
+    except ValueError as exc:
+        raise RegistryError("invalid", f"--index-ttl: {exc}") from exc
+
+
 def _registry(args: argparse.Namespace) -> Registry:
-    return Registry(_storage(args))
+    storage = _storage(args)
+    writer_trust = None
+    if getattr(args, "key", None) is not None:  # what a writer accepts the current index from
+        writer_trust = resolve_trust(getattr(args, "trust", None), load_config())
+    return Registry(storage, generations=_generations(args, storage), trust=writer_trust,
+                    index_ttl=_index_ttl(args))
 
 
 def _by(args: argparse.Namespace) -> str:
@@ -145,6 +183,33 @@ def cmd_rollback(args: argparse.Namespace) -> int:
     return _report([outcome], args.json)
 
 
+def _index_line(index: RegistryIndex, where: str, now: datetime) -> str:
+    if index.signature is None or index.expires is None:
+        folder = os.path.dirname(where) if "://" not in where else "DIR"
+        return (f"index: generation {index.generation}, not signed: review it, then sign it "
+                f"with `unwind manifests sign-index --registry {folder} --key KEY`")
+    line = (f"index: generation {index.generation}, signed by {index.signature.key_id}, "
+            f"expires {format_time(index.expires)}")
+    left = index.expires - now
+    if timedelta(0) < left < timedelta(days=7):
+        line += f" (in {left.days} day(s) {left.seconds // 3600} h: re-sign it soon, with sign-index)"
+    return line
+
+
+@_guarded
+def cmd_sign_index(args: argparse.Namespace) -> int:
+    registry = _registry(args)
+    index = registry.sign_index(load_private_key(args.key))
+    where = registry.storage.location()
+    if args.json:
+        _emit({"index": where, "generation": index.generation,
+               "expires": format_time(index.expires) if index.expires else None,
+               "key_id": index.signature.key_id if index.signature else None})
+    else:
+        print(f"signed {where}: " + _index_line(index, where, datetime.now(UTC)).removeprefix("index: "))
+    return 0
+
+
 @_guarded
 def cmd_history(args: argparse.Namespace) -> int:
     records = _registry(args).history(args.tool)
@@ -181,10 +246,15 @@ def cmd_list(args: argparse.Namespace) -> int:
 def cmd_verify(args: argparse.Namespace) -> int:
     trust = resolve_trust(args.trust, load_config())
     registry = _registry(args)
-    problems = registry.verify(trust)
-    count = sum(s.versions for s in registry.list())
+    problems = registry.verify(trust, min_generation=args.min_generation)
+    index = registry.read_index()
+    count = sum(len(entries) for entries in index.tools.values())
+    where = registry.storage.location()
     if args.json:
         _emit({"ok": not problems, "trusted_keys": len(trust) if trust else 0,
+               "index": {"location": where, "generation": index.generation,
+                         "expires": format_time(index.expires) if index.expires else None,
+                         "signed_by": index.signature.key_id if index.signature else None},
                "problems": [p.to_json() for p in problems]})
     else:
         for p in problems:
@@ -192,7 +262,9 @@ def cmd_verify(args: argparse.Namespace) -> int:
         how = f"signatures checked against {len(trust)} trusted key(s)" if trust else \
             "checksums only (no trusted key: pass --trust or set UNWIND_MANIFEST_PUBLIC_KEY)"
         status = "ok" if not problems else f"{len(problems)} problem(s)"
-        print(f"{status}: {count} versions checked, {how}", file=sys.stderr if problems else sys.stdout)
+        out = sys.stderr if problems else sys.stdout
+        print(f"{status}: {count} versions checked, {how}", file=out)
+        print(_index_line(index, where, datetime.now(UTC)), file=out)
     return 1 if problems else 0
 
 
@@ -212,8 +284,15 @@ def register_manifests(subparsers: Any) -> None:
                        "in unwind.yaml, else ./registry)")
         if writes:
             p.add_argument("--by", help="who makes the change (default: $USER)")
-            p.add_argument("--key", help="private key (PEM) to sign the new version with")
+            p.add_argument("--key", help="private key (PEM) to sign the new version and the "
+                           "index with (required once the index is signed)")
             p.add_argument("--note", help="a note kept with the version")
+        if writes or name == "sign-index":
+            p.add_argument("--index-ttl", metavar="DURATION",
+                           help="how long the signed index stays valid (default 30d)")
+            p.add_argument("--trust", action="append", metavar="PEM",
+                           help="also accept the current index signed by this key (repeatable; "
+                           "default: $UNWIND_MANIFEST_PUBLIC_KEY, then unwind.yaml)")
         p.add_argument("--json", action="store_true", help="print JSON")
         p.set_defaults(func=func)
         return p
@@ -233,6 +312,9 @@ def register_manifests(subparsers: Any) -> None:
     p = add("rollback", cmd_rollback, "publish an old version again as the newest", writes=True)
     p.add_argument("tool")
     p.add_argument("n", type=int, metavar="N")
+    p = add("sign-index", cmd_sign_index, "sign the index as it is: a new generation and "
+            "expiry (for an unsigned registry, and on a schedule before it expires)")
+    p.add_argument("--key", required=True, help="private key (PEM) to sign the index with")
     p = add("history", cmd_history, "list a tool's versions, oldest first")
     p.add_argument("tool")
     p = add("diff", cmd_diff, "unified diff of two versions of a tool")
@@ -240,10 +322,18 @@ def register_manifests(subparsers: Any) -> None:
     p.add_argument("a", type=int, metavar="A")
     p.add_argument("b", type=int, metavar="B")
     add("list", cmd_list, "each tool's newest and enforced versions")
-    p = add("verify", cmd_verify, "check every checksum and signature; exit 1 on a problem")
+    p = add("verify", cmd_verify, "check the index and every checksum and signature; exit 1 "
+            "on a problem")
     p.add_argument("--trust", action="append", metavar="PEM",
                    help="trusted public key file (repeatable; default: "
                    "$UNWIND_MANIFEST_PUBLIC_KEY, then manifest_public_key in unwind.yaml)")
+    p.add_argument("--min-generation", type=int, metavar="N",
+                   help="refuse an index whose generation is below N")
+    p.add_argument("--generation-state", metavar="FILE",
+                   help="remember accepted generations in FILE and refuse lower ones (default "
+                   "for an https registry: ~/.cache/unwind/registry-generations.json)")
+    p.add_argument("--no-generation-state", action="store_true",
+                   help="neither read nor record accepted generations")
     for name in ("list", "verify", "history"):
         subparsers.choices[name].add_argument("--ca-file", help="CA bundle for an https registry")
     p = subparsers.add_parser("check", help="validate plain manifest files",

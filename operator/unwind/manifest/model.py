@@ -27,7 +27,15 @@ from pydantic import (
 
 from .durations import parse_duration
 
-TOOL_NAME_PATTERN = r"^[A-Za-z0-9_.:/\-]{1,128}$"
+# The one tool-name pattern. In Python, check it with ``re.fullmatch`` (``$`` alone would
+# also match before a trailing newline). It is written for the schemas too: JSON Schema
+# (ECMA-262) and Kubernetes (Go RE2) both read ``$`` without a multiline flag as the end of
+# the input, and neither has Python's ``\Z``.
+TOOL_NAME_PATTERN = r"^[A-Za-z0-9_.:/-]{1,128}$"
+# A field that names a tool: the pattern goes into the JSON Schema and the CRD (the API
+# server refuses a bad name before anything else sees it); the validator checks it with
+# a message that says what is wrong (validate.tool_names_are_well_formed).
+ToolName = Annotated[str, WithJsonSchema({"type": "string", "pattern": TOOL_NAME_PATTERN})]
 
 
 def _duration(value: Any) -> Any:
@@ -102,7 +110,7 @@ def _approval(value: Any) -> Any:
 class Verification(Strict):
     """A read-only call made after the undo; the undo only counts when its answer matches."""
 
-    tool: str = Field(description="A registered read_only tool.")
+    tool: ToolName = Field(description="A registered read_only tool.")
     arguments: dict[str, Reference] = Field(default_factory=dict, description="References resolved from the original call and result.")
     expect: dict[str, Any] = Field(description="Dotted path in the answer → expected value (deep equal). At least one entry.")
     retries: int = Field(3, ge=1, le=10, description="Attempts, 1 to 10.")
@@ -119,7 +127,7 @@ class Deadline(Strict):
 class Compensation(Strict):
     """How the effect is undone."""
 
-    tool: str = Field(description="The tool that undoes this one; not the tool itself.")
+    tool: ToolName = Field(description="The tool that undoes this one; not the tool itself.")
     argument_map: dict[str, Reference] = Field(default_factory=dict, description="The undo call's arguments, as references.")
     kind: Literal["compensation", "inverse"] = Field("compensation", description="inverse restores the exact prior state; compensation makes amends and may leave residue.")
     residue: list[str] = Field(default_factory=list, description="What the undo cannot take back, in plain words.")
@@ -130,7 +138,7 @@ class Compensation(Strict):
 
 
 class RequiredTool(Strict):
-    tool: str = Field(description="A tool that must have succeeded earlier in the run.")
+    tool: ToolName = Field(description="A tool that must have succeeded earlier in the run.")
     status: Literal["succeeded"] = "succeeded"
 
 
@@ -188,7 +196,7 @@ class Upstream(Strict):
 class Lookup(Strict):
     """A read-only call that finds the effect when the call's answer was lost."""
 
-    tool: str
+    tool: ToolName
     by: Literal["idempotency_key", "id"]
     arguments: dict[str, Reference] = Field(default_factory=dict)
 
@@ -196,17 +204,17 @@ class Lookup(Strict):
 class Draft(Strict):
     """The staged form of the call, and the calls that publish or discard the draft."""
 
-    tool: str = Field(description="The tool that creates the draft (may be this tool).")
+    tool: ToolName = Field(description="The tool that creates the draft (may be this tool).")
     arguments: dict[str, Reference] = Field(default_factory=dict, description="Read only $args.")
     handle: dict[str, Reference] = Field(default_factory=dict, description="Identifies the draft, from the draft call's $result.")
-    promote: str = Field(description="Tool that turns the draft into the real effect.")
-    discard: str | None = Field(None, description="Tool that throws the draft away.")
+    promote: ToolName = Field(description="Tool that turns the draft into the real effect.")
+    discard: ToolName | None = Field(None, description="Tool that throws the draft away.")
 
 
 class ToolManifest(Strict):
     """One tool an agent may call: its effect, permission, approval and undo."""
 
-    tool: str = Field(description="Tool name: letters, digits and _ . : / -, up to 128 characters.")
+    tool: ToolName = Field(description="Tool name: letters, digits and _ . : / -, up to 128 characters.")
     effect: Effect = Field(description="read_only, idempotent, reversible, compensable or irreversible.")
     permission: str = Field(description="Permission the caller's scope must contain. No whitespace.")
     description: str | None = None
@@ -223,13 +231,14 @@ class ToolManifest(Strict):
     requires: list[Annotated[
         RequiredTool,
         BeforeValidator(_requirement),
-        WithJsonSchema({"anyOf": [{"type": "string"}, RequiredTool.model_json_schema()]}),
+        WithJsonSchema({"anyOf": [{"type": "string", "pattern": TOOL_NAME_PATTERN},
+                                  RequiredTool.model_json_schema()]}),
     ]] = Field(
         default_factory=list, description="Tools that must have succeeded earlier in the run (a name or {tool, status})."
     )
     version: int = Field(1, ge=1, description="Positive integer; registries increment it on every publish.")
     lifecycle: Lifecycle = Field(Lifecycle.approved, description="draft, approved (default) or deprecated.")
-    replaced_by: str | None = Field(None, description="For a deprecated tool, the tool to use instead.")
+    replaced_by: ToolName | None = Field(None, description="For a deprecated tool, the tool to use instead.")
     owner: Annotated[
         list[str],
         WithJsonSchema({"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]}),

@@ -9,6 +9,7 @@ admission webhook, the operator and the gateway all call ``validate_manifest`` a
 from __future__ import annotations
 
 import re
+import unicodedata
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
@@ -24,17 +25,32 @@ Rule = Callable[[ToolManifest], Iterator[Finding]]
 
 _TOOL_NAME = re.compile(TOOL_NAME_PATTERN)
 _PLACEHOLDER = re.compile(r"\{\{\s*([^}]*?)\s*\}\}")
-_ARGS_PLACEHOLDER = re.compile(r"^args\.[A-Za-z0-9_\-]+(\.[A-Za-z0-9_\-]+)*$")
+_ARGS_PLACEHOLDER = re.compile(r"args\.[A-Za-z0-9_\-]+(\.[A-Za-z0-9_\-]+)*")  # fullmatch
 _ROOT_WORDS = {"args": "$args", "result": "$result", "key": "$key", "const": "a {const: ...} literal"}
 
 
+def _name_problem(name: str) -> str | None:
+    if len(name) > 128:
+        return f"is {len(name)} characters long; the limit is 128"
+    if _TOOL_NAME.fullmatch(name):  # fullmatch: `$` alone also matches before a final "\n"
+        return None
+    hidden = next(((i, ch) for i, ch in enumerate(name)
+                   if unicodedata.category(ch) in ("Cc", "Cf", "Zl", "Zp")), None)
+    if hidden is not None:
+        i, ch = hidden
+        return (f"{name!r} has a control character or line break (U+{ord(ch):04X} at "
+                f"position {i}), which would print like another name: remove it; tool "
+                "names are letters, digits and _ . : / - only")
+    return f"{name!r} is not a valid tool name: use letters, digits and _ . : / - only"
+
+
 def tool_name_is_well_formed(m: ToolManifest) -> Iterator[Finding]:
-    """Tool names are letters, digits and _ . : / -, 1 to 128 characters."""
-    if len(m.tool) > 128:
-        yield "tool", f"is {len(m.tool)} characters long; the limit is 128"
-    elif not _TOOL_NAME.match(m.tool):
-        yield "tool", (f"{m.tool!r} is not a valid tool name: use letters, digits and "
-                       "_ . : / - only")
+    """Tool names, the tool's own and every one it names, are letters, digits and
+    _ . : / -, 1 to 128 characters, matched over the whole name."""
+    for path, name in [("tool", m.tool), *tool_references(m)]:
+        problem = _name_problem(name)
+        if problem is not None:
+            yield path, problem
 
 
 def permission_has_no_whitespace(m: ToolManifest) -> Iterator[Finding]:
@@ -174,10 +190,10 @@ def idempotency_key_uses_arguments(m: ToolManifest) -> Iterator[Finding]:
         return
     names = _PLACEHOLDER.findall(m.idempotency.key)
     for name in names:
-        if not _ARGS_PLACEHOLDER.match(name):
+        if not _ARGS_PLACEHOLDER.fullmatch(name):
             yield "idempotency.key", (f"placeholder {{{{{name}}}}} is not a call argument: "
                                       "write {{args.<field>}}")
-    if not any(_ARGS_PLACEHOLDER.match(n) for n in names):
+    if not any(_ARGS_PLACEHOLDER.fullmatch(n) for n in names):
         yield "idempotency.key", ("the key template needs at least one {{args.<field>}} so "
                                   "different calls get different keys")
 

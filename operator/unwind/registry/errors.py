@@ -24,7 +24,15 @@ CODES = {
     "untrusted": "a version is signed by a key the trust store does not hold",
     "unsigned": "a version has no signature while a trust store is set",
     "bad_key": "a key file or PEM text cannot be read",
-    "remote": "a remote registry URL is refused or cannot be fetched",
+    "remote": "a remote registry URL is refused, redirects, is too slow or too large",
+    "unsigned_index": "index.json has no signature while a trust store is set",
+    "untrusted_index": "index.json is signed by a key that is not trusted (or, for a writer, "
+                       "neither its --key nor a trusted key)",
+    "bad_index_signature": "index.json's signature does not verify: it changed after signing",
+    "index_expired": "index.json's signature has expired: re-sign the index",
+    "index_rollback": "index.json's generation is lower than one accepted before",
+    "unlisted_version": "a version file is present that index.json does not list",
+    "key_required": "index.json is signed, so a write needs --key to sign the new index",
 }
 
 
@@ -42,15 +50,18 @@ class RegistryError(Exception):
 
 @dataclass(frozen=True)
 class Problem:
-    """One finding of ``verify``: which tool, which version, which file, and what is wrong."""
+    """One finding of ``verify``: which tool, which version, which file, and what is wrong.
+    A finding about the index as a whole has no tool and no version."""
 
-    tool: str
-    version: int
+    tool: str | None
+    version: int | None
     file: str
     code: str
     message: str
 
     def __str__(self) -> str:
+        if self.tool is None:
+            return f"{self.file}: {self.message}"
         return f"{self.tool} v{self.version} ({self.file}): {self.message}"
 
     def to_json(self) -> dict[str, Any]:

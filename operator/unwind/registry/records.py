@@ -6,7 +6,8 @@ version refused by one is refused by all of them for the same reason.
 What is protected by what: the checksum covers the normalized manifest (what is enforced);
 the signature covers tool, version and checksum; the index repeats each version's
 lifecycle, checksum and signature, so an edit to the file alone, or to the index alone, is
-seen. The bookkeeping fields (created, by, approved_by, note) are not covered by the
+seen. The index itself is signed as a whole (see :mod:`unwind.registry.index`). The
+bookkeeping fields (created, by, approved_by, note) are not covered by the
 signature: they are a record of who did what, kept honest by the history being append-only
 and reviewed in git, not by cryptography.
 """
@@ -22,7 +23,6 @@ from ..manifest.validate import validate_manifest
 from .errors import Problem
 from .signing import Signature, TrustStore, signing_message
 
-INDEX_FORMAT = "unwind-registry/v1"
 _LIFECYCLES = ("draft", "approved", "deprecated")
 
 
@@ -104,34 +104,6 @@ class VersionRecord:
     @property
     def message(self) -> bytes:
         return signing_message(self.tool, self.version, self.checksum)
-
-
-def parse_index(data: Any) -> dict[str, list[IndexEntry]]:
-    """``{tool: [entries, oldest first]}``; FormatError when the shape is wrong."""
-    if data is None:
-        return {}
-    if not isinstance(data, dict) or data.get("format") != INDEX_FORMAT:
-        raise FormatError(f"index.json must be an object with format {INDEX_FORMAT!r}")
-    tools = data.get("tools")
-    if not isinstance(tools, dict):
-        raise FormatError("index.json needs tools: {tool: [versions]}")
-    out: dict[str, list[IndexEntry]] = {}
-    for tool, entries in tools.items():
-        if not isinstance(entries, list):
-            raise FormatError(f"index.json: {tool} must list its versions")
-        parsed = []
-        for e in entries:
-            if not isinstance(e, dict) or type(e.get("version")) is not int:
-                raise FormatError(f"index.json: {tool} has an entry without an integer version")
-            parsed.append(IndexEntry(e["version"], str(e.get("lifecycle")), str(e.get("checksum")),
-                                     signature_from_json(e.get("signature"))))
-        out[tool] = sorted(parsed, key=lambda entry: entry.version)
-    return out
-
-
-def index_json(index: dict[str, list[IndexEntry]]) -> dict[str, Any]:
-    return {"format": INDEX_FORMAT,
-            "tools": {tool: [e.to_json() for e in entries] for tool, entries in sorted(index.items())}}
 
 
 def check_version(tool: str, entry: IndexEntry, data: Any, where: str,

@@ -10,6 +10,11 @@ signed approved version.
 What a gateway enforces is :meth:`Registry.load`: the newest non-draft version of each
 tool. A draft never replaces the enforced version; it only becomes enforceable through an
 approval, which is a new version of its own.
+
+Every write of the index raises its generation and, with a key, signs it (see
+:mod:`unwind.registry.index`). A signed index stays signed: a writer must hold a key, and
+the index it writes over must verify against that key or a trusted one, so a writer never
+re-signs (launders) an index someone changed behind the registry's back.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ import difflib
 import json
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -28,9 +33,20 @@ from ..manifest.canonical import checksum
 from ..manifest.model import ToolManifest
 from ..manifest.validate import validate_manifest, validate_set
 from .errors import Problem, RegistryError
-from .records import FormatError, IndexEntry, VersionRecord, check_version, index_json, parse_index
+from .index import (
+    DEFAULT_INDEX_TTL,
+    Floor,
+    RegistryIndex,
+    check_index,
+    format_time,
+    index_message,
+    new_index_document,
+    parse_index,
+)
+from .records import FormatError, IndexEntry, VersionRecord, check_version
 from .signing import TrustStore, sign
 from .sources import Source, read_sources
+from .state import Generations
 from .storage import Storage
 
 Entries = list[IndexEntry]
@@ -59,13 +75,29 @@ def _now() -> datetime:
 
 
 class Registry:
-    def __init__(self, storage: Storage, clock: Callable[[], datetime] = _now) -> None:
+    """The registry over ``storage``.
+
+    ``generations`` keeps the highest index generation accepted from this registry (a
+    reader refuses a lower one; a writer refuses to write over one). ``trust`` is what a
+    writer accepts the current index's signature from besides its own key (another
+    signer's key, while keys are rotated); readers take their trust store per call.
+    ``index_ttl`` is how long an index signed here stays valid.
+    """
+
+    def __init__(self, storage: Storage, clock: Callable[[], datetime] = _now, *,
+                 generations: Generations | None = None, trust: TrustStore | None = None,
+                 index_ttl: timedelta = DEFAULT_INDEX_TTL) -> None:
+        if index_ttl <= timedelta(0):
+            raise RegistryError("invalid", "the index TTL (--index-ttl) must be longer than 0")
         self.storage = storage
         self.clock = clock
+        self.generations = generations
+        self.trust = trust
+        self.index_ttl = index_ttl
 
     # ---- reading ---------------------------------------------------------------------
 
-    def _index(self, must_exist: bool = False) -> Index:
+    def read_index(self, must_exist: bool = False) -> RegistryIndex:
         data = self.storage.read_index()
         if data is None and must_exist:
             raise RegistryError("not_found", f"no registry at {self.storage.location()}: "
@@ -74,6 +106,27 @@ class Registry:
             return parse_index(data)
         except FormatError as exc:
             raise RegistryError("tampered", f"{self.storage.location()}: {exc}") from exc
+
+    def _index(self, must_exist: bool = False) -> Index:
+        return self.read_index(must_exist).tools
+
+    def _floor(self, min_generation: int | None) -> Floor:
+        kept = self.generations.floor(self.storage.location()) if self.generations else 0
+        given = min_generation or 0
+        if self.generations is not None and kept > 0 and kept >= given:
+            return Floor(kept, self.generations.source)
+        return Floor(given, "the --min-generation given") if given else Floor()
+
+    def _index_problems(self, index: RegistryIndex, trust: TrustStore | None,
+                        min_generation: int | None) -> builtins.list[Problem]:
+        return check_index(index, self.storage.location(), trust, self.clock(),
+                           self._floor(min_generation))
+
+    def _accept(self, index: RegistryIndex, trust: TrustStore | None) -> None:
+        """Remember a generation whose index verified against a trusted key (never an
+        unsigned one: anybody could have written that number)."""
+        if self.generations is not None and trust is not None and index.signature is not None:
+            self.generations.accept(self.storage.location(), index.generation)
 
     def _entries(self, tool: str) -> Entries:
         entries = self._index().get(tool)
@@ -131,19 +184,36 @@ class Registry:
         return [ToolSummary(tool, entries[-1], self._enforced(entries), len(entries))
                 for tool, entries in sorted(self._index().items()) if entries]
 
-    def verify(self, trust: TrustStore | None = None) -> builtins.list[Problem]:
-        """Every version of every tool: file present, checksum, index agreement, signature."""
-        problems: builtins.list[Problem] = []
-        for tool, entries in sorted(self._index(must_exist=True).items()):
+    def verify(self, trust: TrustStore | None = None,
+               min_generation: int | None = None) -> builtins.list[Problem]:
+        """The index (signature, expiry and generation, with a trust store), every version
+        file the index does not list, and every listed version: file present, checksum,
+        index agreement, signature."""
+        present = self.storage.list_versions()  # before the index: a writer adds files first
+        index = self.read_index(must_exist=True)
+        problems = self._index_problems(index, trust, min_generation)
+        listed = index.listed()
+        problems.extend(_unlisted(tool, version, where) for tool, version, where in present or []
+                        if (tool, version) not in listed)
+        for tool, entries in sorted(index.tools.items()):
             for entry in entries:
                 problems.extend(self._checked(tool, entry, trust)[1])
+        if not problems:
+            self._accept(index, trust)
         return problems
 
-    def load(self, trust: TrustStore | None = None) -> dict[str, ToolManifest]:
+    def load(self, trust: TrustStore | None = None,
+             min_generation: int | None = None) -> dict[str, ToolManifest]:
         """The enforceable registry: the newest non-draft version of each tool, each checked
-        (and, with a trust store, required to carry a trusted signature), all-or-nothing."""
+        (and, with a trust store, the index and each version required to carry a trusted
+        signature, the index unexpired), all-or-nothing. The index is checked first: it is
+        what says which versions there are."""
+        index = self.read_index(must_exist=True)
+        problems = self._index_problems(index, trust, min_generation)
+        if problems:
+            raise problems[0].error()
         loaded: dict[str, ToolManifest] = {}
-        for tool, entries in sorted(self._index(must_exist=True).items()):
+        for tool, entries in sorted(index.tools.items()):
             entry = self._enforced(entries)
             if entry is None:
                 continue  # only drafts: absent, exactly like a tool with no manifest
@@ -155,7 +225,20 @@ class Registry:
         if issues:
             raise RegistryError("invalid", "the registry's enforceable versions do not form a "
                                 "valid set: " + "; ".join(str(i) for i in issues))
+        self._accept(index, trust)
         return loaded
+
+    def sign_index(self, key: Ed25519PrivateKey) -> RegistryIndex:
+        """Sign the index as it is (a new generation, a fresh expiry): for a registry
+        written before signed indexes, and on a schedule, before the index expires. Refused
+        while ``verify`` (without a trust store) finds a problem: what is signed is what a
+        reader will trust."""
+        problems = self.verify(None)
+        if problems:
+            raise RegistryError(problems[0].code, (
+                f"not signing {self.storage.location()}: {len(problems)} problem(s), the first: "
+                f"{problems[0]}; run `unwind manifests verify` and fix them first"))
+        return self._update_index(key)
 
     # ---- writing ---------------------------------------------------------------------
 
@@ -277,11 +360,85 @@ class Registry:
             same = {**record.manifest, "version": entries[-1].version}
             if checksum(same) == entries[-1].checksum:
                 return Outcome(self._record(record.tool, entries[-1].version), changed=False)
+        self._check_writable(self.read_index(), key)  # before the version file is made
         if key is not None:
             record = replace(record, signature=sign(key, record.message))
-        index[record.tool] = [*entries, record.index_entry()]
-        self.storage.write_version(record.tool, record.version, record.to_json(), index_json(index))
+        self.storage.write_version(record.tool, record.version, record.to_json())
+        self._update_index(key, record.tool, [*entries, record.index_entry()])
         return Outcome(record)
+
+    def _update_index(self, key: Ed25519PrivateKey | None, tool: str | None = None,
+                      entries: Entries | None = None) -> RegistryIndex:
+        """Write the next generation of the index, with ``tool``'s entries replaced, signed
+        with ``key``. The current index is re-read and re-checked under the storage's lock:
+        only this tool's entries come from what this writer read earlier, so concurrent
+        writers of other tools are kept."""
+        written: builtins.list[RegistryIndex] = []
+
+        def change(document: Any) -> dict[str, Any]:
+            try:
+                current = parse_index(document)
+            except FormatError as exc:
+                raise RegistryError("tampered", f"{self.storage.location()}: {exc}: not "
+                                    "writing over it") from exc
+            self._check_writable(current, key)
+            tools = dict(current.document.get("tools", {}))
+            if tool is not None and entries is not None:
+                tools[tool] = [e.to_json() for e in entries]
+            new = new_index_document(current, tools)
+            if key is not None:
+                new["expires"] = format_time(self.clock() + self.index_ttl)
+                new["signature"] = sign(key, index_message(new)).to_json()
+            written.append(parse_index(new))
+            return new
+
+        self.storage.update_index(change)
+        if key is not None and self.generations is not None:
+            self.generations.accept(self.storage.location(), written[0].generation)
+        return written[0]
+
+    def _check_writable(self, current: RegistryIndex, key: Ed25519PrivateKey | None) -> None:
+        """Refuse to write over an index this writer cannot vouch for: an older generation
+        than one accepted before, or a signed index whose signature does not verify against
+        the writer's key or a trusted key (re-signing it would launder whatever was changed).
+        An unsigned index may be written over; the first keyed write signs it."""
+        where = self.storage.location()
+        floor = self._floor(None)
+        if current.generation < floor.generation:
+            raise RegistryError("index_rollback", (
+                f"{where} has generation {current.generation}, lower than generation "
+                f"{floor.generation} accepted before ({floor.source}): not writing over an "
+                "older copy of the registry; restore the current index first"))
+        if current.signature is None:
+            return
+        kid = current.signature.key_id
+        if key is None:
+            raise RegistryError("key_required", (
+                f"{where} is signed (key {kid}): a write without --key would leave it "
+                "unsigned, and every reader that trusts a key would refuse the registry; "
+                "pass --key"))
+        known = TrustStore([key.public_key()])
+        known.keys.update(self.trust.keys if self.trust is not None else {})
+        code = known.check(current.message, current.signature)
+        if code == "untrusted":
+            raise RegistryError("untrusted_index", (
+                f"{where} is signed by key {kid}, which is neither the --key given nor a "
+                "trusted key: pass --trust with that key's public key (when rotating keys), "
+                "or find out who signed it before writing over it"))
+        if code == "bad_signature":
+            raise RegistryError("bad_index_signature", (
+                f"{where}: the index's signature does not verify, so it was changed after it "
+                "was signed; find out what changed (git log -p index.json, `unwind manifests "
+                "verify`) before writing over it. To accept it as it is now, delete its "
+                "\"signature\" field and run `unwind manifests sign-index`"))
+
+
+def _unlisted(tool: str, version: int, where: str) -> Problem:
+    return Problem(tool, version, where, "unlisted_version", (
+        "the file is present but index.json does not list this version: the index was cut "
+        "back to older versions (a rollback), or a write failed before it updated the index; "
+        "compare with the registry's history (git log -p index.json) and restore the index "
+        "that lists it, or remove the file if it was never published"))
 
 
 def _next(entries: Entries | None) -> int:

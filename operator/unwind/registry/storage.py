@@ -1,13 +1,13 @@
 """Where registry versions are kept: the storage protocol and the folder storage.
 
 A storage only reads and writes JSON documents; every rule (numbering, lifecycle, checksums,
-signatures, four-eyes) lives in :mod:`unwind.registry.registry`, so a second storage (the
-cluster's ControllerRevisions) only has to implement these four methods to pass the same
-contract table.
+signatures, the index's generation and signature, four-eyes) lives in
+:mod:`unwind.registry.registry`, so a second storage (the cluster's ControllerRevisions)
+only has to implement the methods of :class:`Storage` to pass the same contract table.
 
 Folder layout::
 
-    index.json                      the list of every tool's versions (written last)
+    index.json                      the signed list of every tool's versions (written last)
     tools/<escaped tool>/v<N>.json  one immutable version each
 
 Tool names may hold ``/ : . _ -``. A file name is made from a tool name by percent-encoding
@@ -25,6 +25,8 @@ import json
 import os
 import re
 import tempfile
+import urllib.parse
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -32,6 +34,7 @@ from .errors import RegistryError
 
 INDEX_FILE = "index.json"
 _SAFE = re.compile(r"[A-Za-z0-9_-]")
+_VERSION_FILE = re.compile(r"v([1-9][0-9]*)\.json")  # not .tmp-* files of a write under way
 
 
 def escape_tool(tool: str) -> str:
@@ -56,9 +59,19 @@ class Storage(Protocol):
         """The parsed version record; RegistryError ``missing`` or ``tampered`` (unparsable)."""
         ...
 
-    def write_version(self, tool: str, version: int, record: dict[str, Any],
-                      index: dict[str, Any]) -> None:
-        """Create the version (never overwrite: ``conflict`` if it exists), then the index."""
+    def write_version(self, tool: str, version: int, record: dict[str, Any]) -> None:
+        """Create the version; never overwrite (``conflict`` if it exists)."""
+        ...
+
+    def update_index(self, change: Callable[[Any | None], dict[str, Any]]) -> None:
+        """Replace the index with ``change(current index or None)``, as one step: no other
+        writer's update may come between the read and the write (a lock, a compare-and-swap).
+        Whatever ``change`` raises is raised, and the index is left as it was."""
+        ...
+
+    def list_versions(self) -> list[tuple[str, int, str]] | None:
+        """(tool, version, where) for every version file present, listed or not; None when
+        the storage cannot list (a static HTTP server)."""
         ...
 
     def location(self, tool: str | None = None, version: int | None = None) -> str:
@@ -108,13 +121,11 @@ class FolderStorage:
                                 f"{exc.strerror or exc}") from exc
         return parse_json(data, f"{tool} v{version}: {path}")
 
-    def write_version(self, tool: str, version: int, record: dict[str, Any],
-                      index: dict[str, Any]) -> None:
+    def write_version(self, tool: str, version: int, record: dict[str, Any]) -> None:
         # The version is linked into place (os.link fails if the name exists), so two
         # writers racing for the same number cannot overwrite each other: one gets
-        # `conflict`. The index is replaced last, so a reader never sees an index entry
-        # whose file is not there yet; it is re-read under a lock and only this tool's
-        # entry is taken from the caller, so concurrent writers of other tools are kept.
+        # `conflict`. The index is updated after (update_index), so a reader never sees an
+        # index entry whose file is not there yet.
         final = Path(self.location(tool, version))
         final.parent.mkdir(parents=True, exist_ok=True)
         tmp = self._write_temp(final.parent, dump_json(record))
@@ -125,15 +136,32 @@ class FolderStorage:
                                 "another publish got there first; run the command again") from exc
         finally:
             os.unlink(tmp)
+
+    def update_index(self, change: Callable[[Any | None], dict[str, Any]]) -> None:
+        # Under a lock, so concurrent writers of other tools each re-read what the other
+        # wrote (and its generation) before they add their own entry and sign.
+        self.root.mkdir(parents=True, exist_ok=True)
         with open(self.root / ".lock", "a") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
-            current = self.read_index()
-            if isinstance(current, dict) and isinstance(current.get("tools"), dict):
-                merged = {**current, "tools": {**current["tools"], tool: index["tools"][tool]}}
-            else:
-                merged = index
-            index_tmp = self._write_temp(self.root, dump_json(merged))
+            document = change(self.read_index())
+            index_tmp = self._write_temp(self.root, dump_json(document))
             os.replace(index_tmp, self.root / INDEX_FILE)
+
+    def list_versions(self) -> list[tuple[str, int, str]]:
+        found: list[tuple[str, int, str]] = []
+        tools = self.root / "tools"
+        for folder in sorted(tools.iterdir()) if tools.is_dir() else []:
+            # A folder whose name is not the escaped form of a tool name is never read by
+            # the registry; it is reported under a name no tool can have (spaces), so it
+            # is never mistaken for a listed tool's folder.
+            tool = urllib.parse.unquote(folder.name)
+            if escape_tool(tool) != folder.name:
+                tool = f"{folder.name} (a folder name that is not an escaped tool name)"
+            for file in folder.iterdir() if folder.is_dir() else []:
+                match = _VERSION_FILE.fullmatch(file.name)
+                if match:
+                    found.append((tool, int(match.group(1)), str(file)))
+        return sorted(found)
 
     @staticmethod
     def _write_temp(folder: Path, data: bytes) -> str:
