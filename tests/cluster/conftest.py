@@ -104,6 +104,9 @@ def operator(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFacto
     work = tmp_path_factory.mktemp("operator")
     sa = service_account_kubeconfig(control_plane, work / "sa.kubeconfig")
     op = OperatorProcess(sa, work / "operator.log", ("--bundle-window=0.3", f"--metrics-port={METRICS_PORT}",
+                                                     # short lifetimes: renewals and takeovers
+                                                     # happen during the tests, not in theory
+                                                     "--webhook-cert-lifetime=20s", "--lease-duration=6",
                                                      "--trusted-appliers=admin"), webhook_port=port).start()
     try:
         yield op

@@ -27,6 +27,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 CA_CERT, CA_KEY, TLS_CERT, TLS_KEY = "ca.crt", "ca.key", "tls.crt", "tls.key"
 RENEW_FRACTION = 1 / 3  # renew when less than this share of the lifetime is left
+BACKDATE = dt.timedelta(minutes=1)  # absorbs small clock differences between nodes
 
 
 @dataclass(frozen=True)
@@ -45,8 +46,7 @@ def _cert_pem(cert: x509.Certificate) -> str:
 
 
 def _validity(builder: x509.CertificateBuilder, now: dt.datetime, lifetime: dt.timedelta) -> x509.CertificateBuilder:
-    # A minute of back-dating absorbs small clock differences between nodes.
-    return builder.not_valid_before(now - dt.timedelta(minutes=1)).not_valid_after(now + lifetime)
+    return builder.not_valid_before(now - BACKDATE).not_valid_after(now + lifetime)
 
 
 def new_ca(now: dt.datetime, lifetime: dt.timedelta) -> tuple[str, str]:
@@ -103,7 +103,7 @@ def _certs(pem: str) -> list[x509.Certificate]:
 
 def _fresh(cert: x509.Certificate, now: dt.datetime) -> bool:
     start, end = cert.not_valid_before_utc, cert.not_valid_after_utc
-    return start <= now + dt.timedelta(minutes=2) and (end - now) > (end - start) * RENEW_FRACTION
+    return start <= now + BACKDATE and (end - now) > (end - start - BACKDATE) * RENEW_FRACTION
 
 
 def _names(cert: x509.Certificate) -> set[str]:
