@@ -75,8 +75,8 @@ def test_each_missing_tool_in_a_removal_is_not_found() -> None:
     result = remove(files, ["stripe.refund", "stripe.nope", "stripe.gone"])
     assert_refused(result, files, "not_found")
     assert [e.message for e in result.errors] == [
-        'no tool named "stripe.nope" in these files',
-        'no tool named "stripe.gone" in these files',
+        'no tool named "stripe.nope" in these files (1 file read)',
+        'no tool named "stripe.gone" in these files (1 file read)',
     ]
 
 

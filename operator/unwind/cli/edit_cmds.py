@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -27,7 +28,8 @@ def validate_files(files: Mapping[str, str]) -> Sequence[str]:
     return [str(issue) for issue in check(loaded).issues]
 
 
-def _report(result: EditResult, as_json: bool) -> int:
+def _report(result: EditResult, as_json: bool, dry_run: bool = False) -> int:
+    dry_run_note = " (dry run: nothing written)" if dry_run else ""
     if as_json:
         print(json.dumps(result.to_json(), indent=2))
     elif result.success:
@@ -37,7 +39,7 @@ def _report(result: EditResult, as_json: bool) -> int:
         for name in changes.removed:
             print(f"removed {name}")
         print(f"{changes.rewrote} references rewritten in {len(changes.files)} files; "
-              f"revision {result.revision}")
+              f"revision {result.revision}{dry_run_note}")
     else:
         for error in result.errors:
             print(f"error: {error.code}: {error.message}", file=sys.stderr)
@@ -51,41 +53,66 @@ def _missing_path(exc: FileNotFoundError) -> int:
     return 1
 
 
-def cmd_rename(args: argparse.Namespace) -> int:
+def _edit(args: argparse.Namespace, paths: list[str], op: Any, *op_args: Any) -> int:
     try:
-        result = apply_to_paths(args.paths or ["."], rename, args.old, args.new,
-                                base_revision=args.base_revision, validator=validate_files,
-                                write=not args.dry_run)
+        result = apply_to_paths(paths or ["."], op, *op_args, base_revision=args.base_revision,
+                                validator=validate_files, write=not args.dry_run)
     except FileNotFoundError as exc:
         return _missing_path(exc)
-    return _report(result, args.json)
+    return _report(result, args.json, args.dry_run)
+
+
+def cmd_rename(args: argparse.Namespace) -> int:
+    return _edit(args, [*args.paths, *(args.more_paths or [])], rename, args.old, args.new)
+
+
+def split_tools_and_paths(words: Sequence[str]) -> tuple[list[str], list[str]]:
+    """`remove TOOL... [PATHS...]`: a word naming an existing file or folder is a path, any
+    other is a tool name (a tool named like a file here can still be removed with --paths)."""
+    tools = [w for w in words if not os.path.exists(w)]
+    return tools, [w for w in words if os.path.exists(w)]
+
+
+PATH_SUFFIXES = (".yaml", ".yml", ".json", "/")  # a word ending so meant a path, not a tool
 
 
 def cmd_remove(args: argparse.Namespace) -> int:
-    try:
-        result = apply_to_paths(args.paths or ["."], remove, args.tools,
-                                base_revision=args.base_revision, validator=validate_files,
-                                write=not args.dry_run)
-    except FileNotFoundError as exc:
-        return _missing_path(exc)
-    return _report(result, args.json)
+    if args.more_paths is not None:  # --paths given: every positional word is a tool
+        tools, paths = list(args.words), list(args.more_paths)
+    else:
+        tools, paths = split_tools_and_paths(args.words)
+    if not tools:
+        print(f"error: no tool to remove: {', '.join(args.words)} are all files or folders; "
+              "name the tools first: unwind manifests remove TOOL... [PATHS...]", file=sys.stderr)
+        return 1
+    for tool in tools:
+        if tool.endswith(PATH_SUFFIXES):
+            print(f'note: "{tool}" is not an existing file or folder, so it is read as a tool name',
+                  file=sys.stderr)
+    return _edit(args, paths, remove, tools)
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser("rename", help="rename a tool and every reference to it, in place")
     p.add_argument("old")
     p.add_argument("new")
-    p.add_argument("paths", nargs="*", help="YAML files or folders (default: .)")
+    p.add_argument("paths", nargs="*", metavar="PATHS", help="YAML files or folders (default: .)")
     _common(p)
     p.set_defaults(func=cmd_rename)
-    p = subparsers.add_parser("remove", help="remove tools; refused while something else reads them")
-    p.add_argument("tools", nargs="+", metavar="TOOL")
-    p.add_argument("--paths", nargs="+", default=None, help="YAML files or folders (default: .)")
+    p = subparsers.add_parser(
+        "remove", help="remove tools; refused while something else reads them",
+        description="Remove tools by name. Each argument naming an existing file or folder is a "
+                    "path to edit; the others are tool names.")
+    p.add_argument("words", nargs="+", metavar="TOOL_OR_PATH",
+                   help="tool names, then YAML files or folders (default: .)")
     _common(p)
     p.set_defaults(func=cmd_remove)
 
 
 def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--paths", dest="more_paths", nargs="+", default=None, metavar="PATH",
+                   help="YAML files or folders, as an option (kept for scripts; with `remove`, "
+                        "every positional argument is then a tool name)")
     p.add_argument("--base-revision", help="refuse with `stale` unless the files are at this revision")
     p.add_argument("--dry-run", action="store_true", help="report the change, write nothing")
     p.add_argument("--json", action="store_true")

@@ -70,6 +70,13 @@ def _parse_all(files: Mapping[str, str]) -> list[ParsedFile]:
     return [parse(path, files[path]) for path in sorted(files)]
 
 
+def _not_found(name: str, files: Mapping[str, str], searched: Sequence[str]) -> EditError:
+    """`not_found`, naming where the caller looked (the paths it was given) when it says."""
+    where = ", ".join(searched) if searched else "these files"
+    count = f"{len(files)} file{'s' if len(files) != 1 else ''} read"
+    return EditError("not_found", f'no tool named "{name}" in {where} ({count})')
+
+
 def _start(
     files: Mapping[str, str], base_revision: str | None
 ) -> tuple[list[ParsedFile], list[Occurrence]] | EditResult:
@@ -121,15 +128,18 @@ def rename(
     *,
     base_revision: str | None = None,
     validator: Validator | None = None,
+    searched: Sequence[str] = (),
 ) -> EditResult:
-    """Rename tool `old` to `new` and rewrite every reference to it, in one edit."""
+    """Rename tool `old` to `new` and rewrite every reference to it, in one edit.
+
+    `searched` names where `files` came from (the paths a person gave) for messages."""
     start = _start(files, base_revision)
     if isinstance(start, EditResult):
         return start
     parsed, found = start
     named = [o for o in found if o.place.role != "object_name"]
     if not any(o.place.role == "definition" and o.value == old for o in named):
-        return refused(files, EditError("not_found", f'no tool named "{old}" in these files'))
+        return refused(files, _not_found(old, files, searched))
     if old == new:
         return EditResult(success=True, revision=revision(files))
     if not NAME.fullmatch(new):
@@ -184,11 +194,13 @@ def remove(
     *,
     base_revision: str | None = None,
     validator: Validator | None = None,
+    searched: Sequence[str] = (),
 ) -> EditResult:
     """Remove these tools (whole list item or document each) and the test cases that call them.
 
-    Refused with `has_references` while anything outside the removed set still
-    names one of them; removing the readers in the same request is allowed.
+    Refused with `not_found` when no file defines one of them, and with
+    `has_references` while anything outside the removed set still names one of them;
+    removing the readers in the same request is allowed.
     """
     start = _start(files, base_revision)
     if isinstance(start, EditResult):
@@ -202,7 +214,7 @@ def remove(
     if missing:
         return refused(
             files,
-            *(EditError("not_found", f'no tool named "{n}" in these files') for n in missing),
+            *(_not_found(n, files, searched) for n in missing),
         )
     gone = [u for pf in parsed for u in pf.units if u.tool in targets]
     gone_ids = {id(u) for u in gone}

@@ -77,8 +77,11 @@ def apply_to_paths(
     `write=False` is a dry run: the result (with the new texts in `files`) is
     returned and the disk is not touched. Revisions are computed over the
     expanded path strings, so pass the same paths when using `base_revision`.
+    The given paths are passed on as `searched`, so a `not_found` names them.
     """
+    paths = list(paths)
     files = read(expand(paths))
+    kwargs.setdefault("searched", [os.fspath(p) for p in paths])
     result = op(files, *args, **kwargs)
     if write and result.success and result.files:
         write_all(result.files)
