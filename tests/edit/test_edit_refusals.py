@@ -154,8 +154,14 @@ def test_a_file_that_is_not_yaml_is_refused() -> None:
 
 def test_the_json_answer_has_exactly_the_documented_shape() -> None:
     files = before("rename_across_files")
-    refusal = remove(files, ["stripe.get_charge"]).to_json()
-    assert refusal == {
+    template = "{{- if .Values.rbac }}\nkind: Role  # reads stripe.get_charge\n{{- end }}\n"
+    refusal = remove({**files, "chart/templates/role.yaml": template}, ["stripe.get_charge"])
+    skipped = {
+        "file": "chart/templates/role.yaml",
+        "reason": "a Helm template ({{ ... }}): not plain YAML, not edited",
+        "mentions": ["stripe.get_charge"],
+    }
+    assert refusal.to_json() == {
         "success": False,
         "revision": revision(files),
         "changes": {"renamed": [], "removed": [], "rewrote": 0, "files": []},
@@ -168,6 +174,7 @@ def test_the_json_answer_has_exactly_the_documented_shape() -> None:
                 ],
             }
         ],
+        "skipped": [skipped],
     }
     ok = rename(files, "stripe.refund", "stripe.refunds.create")
     assert ok.to_json() == {
@@ -180,4 +187,5 @@ def test_the_json_answer_has_exactly_the_documented_shape() -> None:
             "files": ["manifests/payments.yaml"],
         },
         "errors": [],
+        "skipped": [],
     }

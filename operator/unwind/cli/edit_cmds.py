@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..edit import apply_to_paths, remove, rename
-from ..edit.result import EditResult
+from ..edit.result import EditResult, Skipped
 from ..manifest.loader import LoadResult, check, load_text
 
 
@@ -45,7 +45,22 @@ def _report(result: EditResult, as_json: bool, dry_run: bool = False) -> int:
             print(f"error: {error.code}: {error.message}", file=sys.stderr)
             for ref in error.references:
                 print(f"  {ref.file}:{ref.line}: {ref.path}", file=sys.stderr)
+    if result.skipped and not as_json:
+        _print_skipped(result.skipped)
     return 0 if result.success else 1
+
+
+def _print_skipped(skipped: Sequence[Skipped]) -> None:
+    """Every file read and left alone, with why; a mention of an edited name is a warning."""
+    print(f"skipped {len(skipped)} file{'s' if len(skipped) != 1 else ''} "
+          "holding no tool manifest and no contract test:")
+    for item in skipped:
+        print(f"  {item.file}: {item.reason}")
+    for item in skipped:
+        if item.mentions:
+            names = ", ".join(f'"{n}"' for n in item.mentions)
+            print(f"warning: {item.file} was not edited but mentions {names}: check it by hand",
+                  file=sys.stderr)
 
 
 def _missing_path(exc: FileNotFoundError) -> int:
