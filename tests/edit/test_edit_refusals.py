@@ -129,7 +129,8 @@ def test_a_validator_message_refuses_the_edit() -> None:
     files = before("rename_keeps_comments")
     seen: list[Mapping[str, str]] = []
 
-    def validator(new_files: Mapping[str, str]) -> list[str]:
+    def validator(new_files: Mapping[str, str], old_files: Mapping[str, str]) -> list[str]:
+        assert old_files == files
         seen.append(new_files)
         return ["stripe.refunds.create: effect: idempotent tools may not be renamed on Fridays"]
 
@@ -143,7 +144,7 @@ def test_a_validator_message_refuses_the_edit() -> None:
 
 def test_a_validator_with_nothing_to_say_lets_the_edit_through() -> None:
     files = before("remove_with_readers")
-    result = remove(files, ["stripe.list_charges"], validator=lambda f: [])
+    result = remove(files, ["stripe.list_charges"], validator=lambda after, before: [])
     assert result.success
 
 

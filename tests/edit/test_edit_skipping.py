@@ -181,7 +181,7 @@ def test_a_yaml_file_naming_a_tool_without_being_a_manifest_goes_to_the_validato
     assert sorted(selection.files) == ["a.yaml", "b.yaml"]
     assert selection.skipped == []
     seen: list[str] = []
-    result = rename(files, "a", "c", validator=lambda after: seen.extend(after) or [])
+    result = rename(files, "a", "c", validator=lambda after, before: seen.extend(after) or [])
     assert result.success
     assert sorted(seen) == ["a.yaml", "b.yaml"]
 

@@ -10,7 +10,7 @@ refusing with nothing changed: `stale` (base revision), `parse_error`,
 `not_found`, then the operation's own (`invalid_name`, `conflict`,
 `has_references`), then a re-parse of the edited texts (`unrewritable`, which
 means this package has a bug, never a guess), then the caller's `validator`
-(`invalid`), which stays the one judge of whether a set of manifests is legal.
+(`invalid`), which stays the one judge of what an edit may leave behind.
 """
 
 from __future__ import annotations
@@ -27,7 +27,9 @@ from unwind.edit.result import Changes, EditError, EditResult, Location, refused
 from unwind.edit.select import Selection, select
 from unwind.edit.source import ParsedFile, ParseError, Unit, parse, removal_ranges
 
-Validator = Callable[[Mapping[str, str]], Sequence[str]]
+# Called with the edited files' texts after the edit and before it; returns the problems
+# that refuse the edit. Given both, a validator can refuse only what the edit adds.
+Validator = Callable[[Mapping[str, str], Mapping[str, str]], Sequence[str]]
 
 NAME = re.compile(r"^[A-Za-z0-9_.:/-]{1,128}$")
 
@@ -123,7 +125,7 @@ def _finish(
     if problem is not None:
         return refused(files, EditError("unrewritable", problem))
     if validator is not None:
-        messages = list(validator(merged))
+        messages = list(validator(merged, files))
         if messages:
             return refused(files, *(EditError("invalid", m) for m in messages))
     changes.files = sorted(changed)
