@@ -76,7 +76,7 @@ def test_a_rename_of_a_missing_name_writes_nothing(tree: Path) -> None:
             [root], rename, "stripe.get_charge", "x.y", base_revision="ffffffffffff"
         ),
         lambda root: apply_to_paths(
-            [root], rename, "stripe.get_charge", "x.y", validator=lambda f: ["no"]
+            [root], rename, "stripe.get_charge", "x.y", validator=lambda after, before: ["no"]
         ),
     ],
     ids=["has_references", "stale", "invalid"],

@@ -75,8 +75,8 @@ def test_each_missing_tool_in_a_removal_is_not_found() -> None:
     result = remove(files, ["stripe.refund", "stripe.nope", "stripe.gone"])
     assert_refused(result, files, "not_found")
     assert [e.message for e in result.errors] == [
-        'no tool named "stripe.nope" in these files',
-        'no tool named "stripe.gone" in these files',
+        'no tool named "stripe.nope" in these files (1 file read)',
+        'no tool named "stripe.gone" in these files (1 file read)',
     ]
 
 
@@ -129,7 +129,8 @@ def test_a_validator_message_refuses_the_edit() -> None:
     files = before("rename_keeps_comments")
     seen: list[Mapping[str, str]] = []
 
-    def validator(new_files: Mapping[str, str]) -> list[str]:
+    def validator(new_files: Mapping[str, str], old_files: Mapping[str, str]) -> list[str]:
+        assert old_files == files
         seen.append(new_files)
         return ["stripe.refunds.create: effect: idempotent tools may not be renamed on Fridays"]
 
@@ -143,7 +144,7 @@ def test_a_validator_message_refuses_the_edit() -> None:
 
 def test_a_validator_with_nothing_to_say_lets_the_edit_through() -> None:
     files = before("remove_with_readers")
-    result = remove(files, ["stripe.list_charges"], validator=lambda f: [])
+    result = remove(files, ["stripe.list_charges"], validator=lambda after, before: [])
     assert result.success
 
 
@@ -154,8 +155,14 @@ def test_a_file_that_is_not_yaml_is_refused() -> None:
 
 def test_the_json_answer_has_exactly_the_documented_shape() -> None:
     files = before("rename_across_files")
-    refusal = remove(files, ["stripe.get_charge"]).to_json()
-    assert refusal == {
+    template = "{{- if .Values.rbac }}\nkind: Role  # reads stripe.get_charge\n{{- end }}\n"
+    refusal = remove({**files, "chart/templates/role.yaml": template}, ["stripe.get_charge"])
+    skipped = {
+        "file": "chart/templates/role.yaml",
+        "reason": "a Helm template ({{ ... }}): not plain YAML, not edited",
+        "mentions": ["stripe.get_charge"],
+    }
+    assert refusal.to_json() == {
         "success": False,
         "revision": revision(files),
         "changes": {"renamed": [], "removed": [], "rewrote": 0, "files": []},
@@ -168,6 +175,7 @@ def test_the_json_answer_has_exactly_the_documented_shape() -> None:
                 ],
             }
         ],
+        "skipped": [skipped],
     }
     ok = rename(files, "stripe.refund", "stripe.refunds.create")
     assert ok.to_json() == {
@@ -180,4 +188,5 @@ def test_the_json_answer_has_exactly_the_documented_shape() -> None:
             "files": ["manifests/payments.yaml"],
         },
         "errors": [],
+        "skipped": [],
     }

@@ -44,6 +44,23 @@ CASES: dict[str, tuple[Op, dict[str, object]]] = {
             "rewrote": 0,
         },
     ),
+    "rename_in_tests_mapping": (
+        lambda f: rename(f, "stripe.create_charge", "payments.charges.create"),
+        {"rewrote": 4},
+    ),
+    "remove_from_tests_mapping": (
+        lambda f: remove(f, ["stripe.refund", "stripe.create_charge"]),
+        {
+            "removed": [
+                "stripe.refund",
+                "stripe.create_charge",
+                'test case "a charge is refunded" in payments.test.yaml',
+                'test case "a refund twice" in payments.test.yaml',
+                'test case "a refund alone" in payments.test.yaml',
+            ],
+            "rewrote": 0,
+        },
+    ),
     "remove_documents_and_list_items": (
         lambda f: remove(f, ["stripe.legacy_lookup", "stripe.audit_charge"]),
         {"removed": ["stripe.legacy_lookup", "stripe.audit_charge"]},

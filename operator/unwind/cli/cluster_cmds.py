@@ -63,12 +63,28 @@ def cmd_operator(args: argparse.Namespace) -> int:
     return 0
 
 
+CHART_DONE = {"install": "installed", "reinstall": "reinstalled (an unfinished install was removed)",
+              "upgrade": "upgraded", "recover": "rolled back from an unfinished change, then upgraded"}
+
+
 def cmd_dev_up(args: argparse.Namespace) -> int:
+    from ..controlplane.cluster import ControlPlaneError
     from ..controlplane.dev import up
 
-    cp, pid = up(Path(args.dir).resolve())
+    workdir = Path(args.dir).resolve()
+    try:
+        started = up(workdir, clean=args.clean)
+    except ControlPlaneError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    cp, start = started.control_plane, started.start
+    if start.resume:
+        print(f"resumed the stopped cluster in {cp.workdir}: {start.why}")
+    else:
+        print(f"started a clean cluster in {cp.workdir}: {start.why}")
+    print(f"chart: release unwind {CHART_DONE[started.chart]}")
     print(f"control plane: {cp.server}")
-    print(f"operator: pid {pid}, log {Path(args.dir).resolve() / 'operator.log'}")
+    print(f"operator: pid {started.operator_pid}, log {workdir / 'operator.log'}")
     print(f"export KUBECONFIG={cp.kubeconfig}")
     return 0
 
@@ -77,7 +93,8 @@ def cmd_dev_down(args: argparse.Namespace) -> int:
     from ..controlplane.dev import down
 
     if down(Path(args.dir).resolve()):
-        print("stopped")
+        print(f"stopped; its data stays in {args.dir} (`unwind dev up` resumes it, "
+              "`unwind dev up --clean` starts over)")
     else:
         print(f"nothing was running in {args.dir}")
     return 0
@@ -120,6 +137,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     dsub = dev.add_subparsers(dest="dev_command", required=True, metavar="COMMAND")
     p = dsub.add_parser("up", help="start etcd, kube-apiserver, the controller manager and the operator")
     p.add_argument("--dir", default=".dev", help="working folder (default .dev)")
+    p.add_argument("--clean", action="store_true", help="delete a stopped cluster's data in --dir "
+                   "and start over (default: resume it)")
     p.set_defaults(func=cmd_dev_up)
     p = dsub.add_parser("down", help="stop what `dev up` started")
     p.add_argument("--dir", default=".dev")

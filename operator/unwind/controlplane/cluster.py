@@ -6,11 +6,17 @@ service-account tokens — so tests and ``unwind dev up`` run the real component
 loopback ports chosen at run time, with everything (data, keys, logs, kubeconfig) in one
 work directory. Pids are kept in ``workdir/state.json`` so that another process
 (``unwind dev down``) can stop it with :func:`stop_from_dir`.
+
+A work directory can be started again after a stop: etcd keeps its data, and the keys in
+``pki/`` are reused (:func:`pki_problem`), because the data holds ServiceAccount tokens
+signed with the service-account key and Secrets that carry the CA; new keys would make
+every stored token invalid.
 """
 
 from __future__ import annotations
 
 import base64
+import datetime as dt
 import json
 import secrets
 import signal
@@ -26,9 +32,10 @@ from types import TracebackType
 from typing import IO, Any
 
 import yaml
+from cryptography import x509
 
 from .build import BinPaths, ensure_binaries
-from .certs import write_pki
+from .certs import CertFiles, write_pki
 from .procs import die_with_parent, pid_alive, pid_is_component, terminate
 
 STOP_ORDER = ("kube-controller-manager", "kube-apiserver", "etcd")  # API server before etcd
@@ -81,6 +88,44 @@ def make_token_kubeconfig(
     path.write_text(yaml.safe_dump(config, sort_keys=False))
     path.chmod(0o600)
     return path
+
+
+def pki_files(directory: Path) -> CertFiles:
+    """Where write_pki puts each key and certificate in ``directory``."""
+    return CertFiles(
+        ca_cert=directory / "ca.crt", ca_key=directory / "ca.key",
+        serving_cert=directory / "apiserver.crt", serving_key=directory / "apiserver.key",
+        sa_key=directory / "sa.key", sa_pub=directory / "sa.pub",
+    )
+
+
+def pki_problem(directory: Path, margin: dt.timedelta = dt.timedelta(days=1)) -> str | None:
+    """Why the keys in ``directory`` cannot be reused (missing, unreadable, expiring within
+    ``margin``), or None when they can."""
+    files = pki_files(directory)
+    missing = [p.name for p in vars(files).values() if not p.is_file()]
+    if missing:
+        return f"{directory} lacks {', '.join(missing)}"
+    for cert_file in (files.ca_cert, files.serving_cert):
+        try:
+            cert = x509.load_pem_x509_certificate(cert_file.read_bytes())
+        except (OSError, ValueError) as exc:
+            return f"{cert_file} cannot be read: {exc}"
+        if cert.not_valid_after_utc < dt.datetime.now(dt.UTC) + margin:
+            return f"{cert_file} expires on {cert.not_valid_after_utc:%Y-%m-%d %H:%M} UTC"
+    return None
+
+
+def running_in_dir(workdir: str | Path) -> dict[str, int]:
+    """The components started in workdir that still run, by name (from ``state.json``; a
+    pid that died or now belongs to another program does not count)."""
+    workdir = Path(workdir).resolve()
+    try:
+        pids: dict[str, int] = json.loads((workdir / "state.json").read_text()).get("pids", {})
+    except (OSError, ValueError, AttributeError):
+        return {}
+    return {name: pid for name, pid in pids.items()
+            if pid_alive(pid) and pid_is_component(pid, name, workdir)}
 
 
 def stop_from_dir(workdir: str | Path) -> bool:
@@ -184,7 +229,7 @@ class ControlPlane:
         return self
 
     def _start(self, wd: Path, bins: BinPaths) -> None:
-        pki = write_pki(wd / "pki")
+        pki = pki_files(wd / "pki") if pki_problem(wd / "pki") is None else write_pki(wd / "pki")
         self._token = secrets.token_hex(24)
         self.tokens = {"admin": self._token, **{u: secrets.token_hex(24) for u in self.users}}
         tokens = wd / "tokens.csv"

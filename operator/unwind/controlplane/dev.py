@@ -4,6 +4,11 @@ process running under the chart's ServiceAccount token.
 ``unwind dev up`` and the cluster tests share this, so what a developer runs is what the
 tests check: a missing RBAC rule in the chart fails both. There is no kubelet, so the
 chart's Deployment stays Pending; the operator runs beside it with the same identity.
+
+``up`` after ``down`` resumes the stopped cluster (see :func:`resume_or_clean`): its etcd
+data still holds the Helm release and everything the user applied, so the chart is
+upgraded rather than installed (:func:`install_chart`) and the operator is started again
+with a kubeconfig for the new API server port.
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import shutil
 import signal
 import socket
 import ssl
@@ -21,6 +27,7 @@ import time
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Literal, NamedTuple
 
 from ..api.crd import write_crds
 from ..api.resources import KINDS
@@ -29,8 +36,11 @@ from .cluster import (
     ControlPlaneError,
     free_ports,
     make_token_kubeconfig,
+    pki_problem,
+    running_in_dir,
     stop_from_dir,
 )
+from .procs import pid_alive
 
 ROOT = Path(__file__).resolve().parents[3]
 CHART = ROOT / "charts" / "unwind"
@@ -63,8 +73,34 @@ def local_values(webhook_port: int, trusted: tuple[str, ...] = ("admin",)) -> di
             "operator": {"trustedAppliers": list(trusted)}}
 
 
-def install_chart(kubeconfig: Path, values: dict[str, object] | None = None) -> None:
-    """A real Helm install of charts/unwind (CRDs already applied, so Helm skips them)."""
+ChartAction = Literal["install", "reinstall", "upgrade", "recover"]
+PENDING = ("pending-upgrade", "pending-rollback")
+
+
+def chart_action(history: list[dict[str, Any]]) -> ChartAction:
+    """What `helm upgrade --install` semantics mean for a release with this history.
+
+    No release: install. An install that never finished (``pending-install``) or a
+    release being or already uninstalled: uninstall it, then install. An upgrade or
+    rollback that never finished: roll back to the last good revision, then upgrade (a
+    pending release refuses a plain upgrade; nobody else writes to a dev cluster's
+    release while ``up`` runs). Anything else (deployed, failed, superseded): upgrade.
+    """
+    if not history:
+        return "install"
+    latest = max(history, key=lambda r: int(r.get("revision", 0)))
+    status = str(latest.get("status", ""))
+    if status in ("pending-install", "uninstalling", "uninstalled"):
+        return "reinstall"
+    if status in PENDING:
+        return "recover"
+    return "upgrade"
+
+
+def install_chart(kubeconfig: Path, values: dict[str, object] | None = None) -> ChartAction:
+    """Install charts/unwind, or upgrade the release that is there (CRDs already applied, so
+    Helm skips them); returns what was done. Idempotent, like ``helm upgrade --install``;
+    ``reset_values`` makes the release hold exactly ``values`` over the chart's defaults."""
     import helm_python as helm
 
     kubectl(kubeconfig, "create", "namespace", OPERATOR_NAMESPACE, check=False)
@@ -73,7 +109,21 @@ def install_chart(kubeconfig: Path, values: dict[str, object] | None = None) -> 
     kubectl(kubeconfig, "label", "--overwrite", "namespace", OPERATOR_NAMESPACE,
             f"kubernetes.io/metadata.name={OPERATOR_NAMESPACE}")
     with helm.Config(kubeconfig_path=str(kubeconfig), namespace=OPERATOR_NAMESPACE) as cfg:
-        cfg.install(str(CHART), RELEASE, values=values or {}, namespace=OPERATOR_NAMESPACE)
+        try:
+            history = cfg.history(RELEASE)
+        except helm.HelmNotFoundError:
+            history = []
+        action = chart_action(history)
+        if action == "reinstall":
+            cfg.uninstall(RELEASE, ignore_not_found=True)
+        if action in ("install", "reinstall"):
+            cfg.install(str(CHART), RELEASE, values=values or {}, namespace=OPERATOR_NAMESPACE)
+            return action
+        if action == "recover":
+            cfg.rollback(RELEASE)
+        cfg.upgrade(str(CHART), RELEASE, values=values or {}, namespace=OPERATOR_NAMESPACE,
+                    reset_values=True, max_history=5)
+        return action
 
 
 def service_account_kubeconfig(cp: ControlPlane, path: Path, namespace: str = OPERATOR_NAMESPACE,
@@ -88,9 +138,22 @@ def service_account_kubeconfig(cp: ControlPlane, path: Path, namespace: str = OP
                     and ann.get("kubernetes.io/service-account.name") == name
                     and "token" in (item.get("data") or {})):
                 token = base64.b64decode(item["data"]["token"]).decode()
-                return make_token_kubeconfig(cp.server, cp.ca_file, token, path, user=name)
+                make_token_kubeconfig(cp.server, cp.ca_file, token, path, user=name)
+                if token_accepted(path):
+                    return path
+                # Signed with a key this API server no longer has (its pki/ was made again
+                # over kept data): the token controller makes a new one for a deleted one.
+                kubectl(cp.kubeconfig, "-n", namespace, "delete", "secret",
+                        item["metadata"]["name"], check=False)
         time.sleep(0.5)
     raise ControlPlaneError(f"no token for ServiceAccount {namespace}/{name} after {timeout:.0f}s")
+
+
+def token_accepted(kubeconfig: Path) -> bool:
+    """False only when the API server answers 401 to this kubeconfig's credentials."""
+    proc = subprocess.run(["kubectl", f"--kubeconfig={kubeconfig}", "get", "--raw", "/api"],
+                          capture_output=True, text=True, timeout=60)
+    return proc.returncode == 0 or "Unauthorized" not in proc.stderr
 
 
 @dataclass
@@ -148,6 +211,70 @@ class OperatorProcess:
             self.proc.wait(5)
 
 
+class Start(NamedTuple):
+    """How ``up`` treats the cluster folder: resume the stopped cluster, or start clean."""
+
+    resume: bool
+    why: str
+
+
+def running(workdir: Path) -> str | None:
+    """What still runs from ``up`` in workdir (a component or the operator), or None."""
+    components = running_in_dir(workdir / "cluster")
+    if components:
+        return ", ".join(f"{name} (pid {pid})" for name, pid in components.items())
+    try:
+        pid = int((workdir / "operator.pid").read_text())
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except (OSError, ValueError):
+        return None
+    if pid_alive(pid) and b"unwind.cli.main" in cmdline and b"operator" in cmdline:
+        return f"the operator (pid {pid})"
+    return None
+
+
+def resume_or_clean(workdir: Path, *, clean: bool = False) -> Start:
+    """Get workdir ready for ``up``: refuse while something from it runs, drop stale pid
+    files (a reboot leaves them behind), then keep the stopped cluster's data if it can be
+    resumed, or wipe the cluster folder.
+
+    Resuming needs the etcd data and the keys it was made with: the stored ServiceAccount
+    tokens are signed with ``pki/sa.key`` and the stored Secrets carry ``pki/ca.crt``
+    (ControlPlane reuses them). Expiring keys, or ``clean``, mean a clean start.
+    """
+    what = running(workdir)
+    if what is not None:
+        raise ControlPlaneError(
+            f"a dev control plane is already running in {workdir}: {what}; use it "
+            f"(export KUBECONFIG={workdir / 'cluster' / 'kubeconfig'}) or stop it first "
+            f"with `unwind dev down --dir {workdir}`")
+    cluster = workdir / "cluster"
+    stale = [f for f in (cluster / "state.json", workdir / "operator.pid") if f.exists()]
+    for file in stale:  # their processes are gone (a reboot, a kill -9): not a running cluster
+        file.unlink()
+    if clean:
+        start = Start(False, "--clean deletes the stopped cluster's data")
+    elif not (cluster / "etcd" / "member").is_dir():
+        start = Start(False, "there was no earlier cluster")
+    elif (problem := pki_problem(cluster / "pki")) is not None:
+        start = Start(False, f"the stopped cluster's keys cannot be reused ({problem}), "
+                             "and its data is useless without them")
+    else:
+        why = "its etcd data and keys were kept, so what was applied is still there"
+        return Start(True, why + (" (pid files of processes that had died were removed)"
+                                  if stale else ""))
+    shutil.rmtree(cluster, ignore_errors=True)
+    (workdir / "operator.kubeconfig").unlink(missing_ok=True)
+    return start
+
+
+class Started(NamedTuple):
+    control_plane: ControlPlane
+    operator_pid: int
+    start: Start
+    chart: ChartAction
+
+
 def _unverified() -> ssl.SSLContext:
     ctx = ssl.create_default_context()
     ctx.check_hostname = False
@@ -155,18 +282,23 @@ def _unverified() -> ssl.SSLContext:
     return ctx
 
 
-def up(workdir: Path) -> tuple[ControlPlane, int]:
-    """Start everything; return the control plane and the operator's pid."""
+def up(workdir: Path, *, clean: bool = False) -> Started:
+    """Start everything, resuming a stopped cluster in workdir unless ``clean``."""
     workdir.mkdir(parents=True, exist_ok=True)
-    if (workdir / "cluster" / "state.json").exists():
-        raise ControlPlaneError(f"a dev control plane is already running in {workdir}: "
-                                "run `unwind dev down` first")
-    cp = ControlPlane(workdir / "cluster").start()
+    start = resume_or_clean(workdir, clean=clean)
+    try:
+        cp = ControlPlane(workdir / "cluster").start()
+    except ControlPlaneError as exc:
+        if not start.resume:
+            raise
+        raise ControlPlaneError(f"the stopped cluster in {workdir / 'cluster'} did not start again "
+                                f"({exc}); `unwind dev up --clean` starts over, deleting its "
+                                "data") from exc
     op = OperatorProcess(workdir / "operator.kubeconfig", workdir / "operator.log",
                          ("--trusted-appliers=admin",), webhook_port=free_ports(1)[0])
     try:
         install_crds(cp.kubeconfig)
-        install_chart(cp.kubeconfig, local_values(op.webhook_port))
+        chart = install_chart(cp.kubeconfig, local_values(op.webhook_port))
         service_account_kubeconfig(cp, op.kubeconfig)
         op.start(detach=True)
     except BaseException:
@@ -175,7 +307,7 @@ def up(workdir: Path) -> tuple[ControlPlane, int]:
         raise
     assert op.proc is not None
     (workdir / "operator.pid").write_text(str(op.proc.pid))
-    return cp, op.proc.pid
+    return Started(cp, op.proc.pid, start, chart)
 
 
 def down(workdir: Path) -> bool:

@@ -4,6 +4,8 @@
 it listed in `references.REFERENCES`, so a rename cannot leave a dangling
 `compensation.tool` and a removal cannot silently orphan a reader. They are
 pure functions over `{path: text}`; `apply_to_paths` is the filesystem storage.
+Files holding no manifest and no contract test (Helm templates, other Kubernetes
+YAML, configuration) are left alone and listed as skipped (`select`).
 Edits are splices into the original text at spans found with ruamel.yaml's
 node marks, never a re-dump (DESIGN.md §5, semantic-edits-adr.txt §4).
 """
@@ -11,7 +13,8 @@ node marks, never a re-dump (DESIGN.md §5, semantic-edits-adr.txt §4).
 from unwind.edit.ops import NAME, Validator, occurrences, remove, rename
 from unwind.edit.paths import apply_to_paths, expand
 from unwind.edit.references import REFERENCES, Place, k8s_name
-from unwind.edit.result import Changes, EditError, EditResult, Location, revision
+from unwind.edit.result import Changes, EditError, EditResult, Location, Skipped, revision
+from unwind.edit.select import select
 
 __all__ = [
     "NAME",
@@ -21,6 +24,7 @@ __all__ = [
     "EditResult",
     "Location",
     "Place",
+    "Skipped",
     "Validator",
     "apply_to_paths",
     "expand",
@@ -29,4 +33,5 @@ __all__ = [
     "remove",
     "rename",
     "revision",
+    "select",
 ]

@@ -4,12 +4,13 @@ Pure so that the filesystem (`unwind manifests rename|remove`) and a future
 cluster storage share one implementation and cannot drift: a storage reads the
 texts, calls these, and writes `result.files` only when `result.success`.
 
-The checks run in a fixed order, each refusing with nothing changed:
-`stale` (base revision), `parse_error`, `not_found`, then the operation's own
-(`invalid_name`, `conflict`, `has_references`), then a re-parse of the edited
-texts (`unrewritable`, which means this package has a bug, never a guess),
-then the caller's `validator` (`invalid`), which stays the one judge of
-whether a set of manifests is legal.
+Files holding no manifest and no contract test are set aside first (`select`);
+everything below works on the rest. The checks run in a fixed order, each
+refusing with nothing changed: `stale` (base revision), `parse_error`,
+`not_found`, then the operation's own (`invalid_name`, `conflict`,
+`has_references`), then a re-parse of the edited texts (`unrewritable`, which
+means this package has a bug, never a guess), then the caller's `validator`
+(`invalid`), which stays the one judge of what an edit may leave behind.
 """
 
 from __future__ import annotations
@@ -23,9 +24,12 @@ from ruamel.yaml.nodes import ScalarNode
 from unwind.edit import text as t
 from unwind.edit.references import Place, k8s_name, matches, places, text_of
 from unwind.edit.result import Changes, EditError, EditResult, Location, refused, revision
+from unwind.edit.select import Selection, select
 from unwind.edit.source import ParsedFile, ParseError, Unit, parse, removal_ranges
 
-Validator = Callable[[Mapping[str, str]], Sequence[str]]
+# Called with the edited files' texts after the edit and before it; returns the problems
+# that refuse the edit. Given both, a validator can refuse only what the edit adds.
+Validator = Callable[[Mapping[str, str], Mapping[str, str]], Sequence[str]]
 
 NAME = re.compile(r"^[A-Za-z0-9_.:/-]{1,128}$")
 
@@ -70,9 +74,19 @@ def _parse_all(files: Mapping[str, str]) -> list[ParsedFile]:
     return [parse(path, files[path]) for path in sorted(files)]
 
 
+def _not_found(name: str, sel: Selection, searched: Sequence[str]) -> EditError:
+    """`not_found`, naming where the caller looked (the paths it was given) when it says."""
+    where = ", ".join(searched) if searched else "these files"
+    count = f"{len(sel.files)} file{'s' if len(sel.files) != 1 else ''} read"
+    if sel.skipped:
+        count += f", {len(sel.skipped)} skipped"
+    return EditError("not_found", f'no tool named "{name}" in {where} ({count})')
+
+
 def _start(
-    files: Mapping[str, str], base_revision: str | None
+    sel: Selection, base_revision: str | None
 ) -> tuple[list[ParsedFile], list[Occurrence]] | EditResult:
+    files = sel.files
     current = revision(files)
     if base_revision is not None and base_revision != current:
         return refused(
@@ -83,11 +97,15 @@ def _start(
                 "reload them and try again",
             ),
         )
-    try:
-        parsed = _parse_all(files)
-    except ParseError as exc:
-        return refused(files, EditError("parse_error", str(exc)))
-    return parsed, occurrences(parsed)
+    if sel.broken:
+        why = "; it mentions tool: or kind: ToolManifest, so it is not skipped: fix it first"
+        return refused(files, *(EditError("parse_error", f"{exc}{why}") for exc in sel.broken))
+    return sel.parsed, occurrences(sel.parsed)
+
+
+def _skipping(sel: Selection, result: EditResult) -> EditResult:
+    result.skipped = list(sel.skipped)
+    return result
 
 
 def _finish(
@@ -107,7 +125,7 @@ def _finish(
     if problem is not None:
         return refused(files, EditError("unrewritable", problem))
     if validator is not None:
-        messages = list(validator(merged))
+        messages = list(validator(merged, files))
         if messages:
             return refused(files, *(EditError("invalid", m) for m in messages))
     changes.files = sorted(changed)
@@ -121,15 +139,32 @@ def rename(
     *,
     base_revision: str | None = None,
     validator: Validator | None = None,
+    searched: Sequence[str] = (),
 ) -> EditResult:
-    """Rename tool `old` to `new` and rewrite every reference to it, in one edit."""
-    start = _start(files, base_revision)
+    """Rename tool `old` to `new` and rewrite every reference to it, in one edit.
+
+    Files that hold no manifest and no test are left alone and listed in `skipped`
+    (`select`). `searched` names where `files` came from (the paths a person gave)."""
+    sel = select(files, [old])
+    return _skipping(sel, _rename(sel, old, new, base_revision, validator, searched))
+
+
+def _rename(
+    sel: Selection,
+    old: str,
+    new: str,
+    base_revision: str | None,
+    validator: Validator | None,
+    searched: Sequence[str],
+) -> EditResult:
+    files = sel.files
+    start = _start(sel, base_revision)
     if isinstance(start, EditResult):
         return start
     parsed, found = start
     named = [o for o in found if o.place.role != "object_name"]
     if not any(o.place.role == "definition" and o.value == old for o in named):
-        return refused(files, EditError("not_found", f'no tool named "{old}" in these files'))
+        return refused(files, _not_found(old, sel, searched))
     if old == new:
         return EditResult(success=True, revision=revision(files))
     if not NAME.fullmatch(new):
@@ -184,13 +219,28 @@ def remove(
     *,
     base_revision: str | None = None,
     validator: Validator | None = None,
+    searched: Sequence[str] = (),
 ) -> EditResult:
     """Remove these tools (whole list item or document each) and the test cases that call them.
 
-    Refused with `has_references` while anything outside the removed set still
-    names one of them; removing the readers in the same request is allowed.
+    Refused with `not_found` when no file defines one of them, and with
+    `has_references` while anything outside the removed set still names one of them;
+    removing the readers in the same request is allowed. Files are selected as for
+    `rename`.
     """
-    start = _start(files, base_revision)
+    sel = select(files, tools)
+    return _skipping(sel, _remove(sel, tools, base_revision, validator, searched))
+
+
+def _remove(
+    sel: Selection,
+    tools: Sequence[str],
+    base_revision: str | None,
+    validator: Validator | None,
+    searched: Sequence[str],
+) -> EditResult:
+    files = sel.files
+    start = _start(sel, base_revision)
     if isinstance(start, EditResult):
         return start
     parsed, found = start
@@ -202,7 +252,7 @@ def remove(
     if missing:
         return refused(
             files,
-            *(EditError("not_found", f'no tool named "{n}" in these files') for n in missing),
+            *(_not_found(n, sel, searched) for n in missing),
         )
     gone = [u for pf in parsed for u in pf.units if u.tool in targets]
     gone_ids = {id(u) for u in gone}

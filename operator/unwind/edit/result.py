@@ -67,6 +67,22 @@ class EditError:
         }
 
 
+@dataclass(frozen=True)
+class Skipped:
+    """A file read but left alone because it holds no manifest and no contract test.
+
+    `mentions` lists the edited tool names that still appear in its text (a Helm template
+    that renders a ToolManifest, say), which a person has to look at by hand.
+    """
+
+    file: str
+    reason: str
+    mentions: tuple[str, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {"file": self.file, "reason": self.reason, "mentions": list(self.mentions)}
+
+
 @dataclass
 class Changes:
     """What a successful edit did; empty on a refusal or a no-op.
@@ -100,7 +116,8 @@ class EditResult:
     `files` holds the new text of changed files only; it is empty whenever
     `success` is false, so a caller that writes `files` can never write half an
     edit. `revision` is the token of the result, or of the untouched input when
-    refused (so a `stale` answer tells the caller what to retry against).
+    refused (so a `stale` answer tells the caller what to retry against); either
+    way it covers the files edited, not the `skipped` ones.
     """
 
     success: bool
@@ -108,14 +125,17 @@ class EditResult:
     changes: Changes = field(default_factory=Changes)
     errors: list[EditError] = field(default_factory=list)
     files: dict[str, str] = field(default_factory=dict)
+    skipped: list[Skipped] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
-        """The JSON-ready dict: success, revision, changes and errors (never the texts)."""
+        """The JSON-ready dict: success, revision, changes, errors and skipped files (never
+        the texts)."""
         return {
             "success": self.success,
             "revision": self.revision,
             "changes": self.changes.to_json(),
             "errors": [e.to_json() for e in self.errors],
+            "skipped": [s.to_json() for s in self.skipped],
         }
 
 

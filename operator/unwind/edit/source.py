@@ -2,7 +2,7 @@
 
 A *unit* is something that names tools and can be removed as a whole: a
 manifest (bare, in a list, or the `spec` of a ToolManifest resource) or a
-contract test case. Each unit remembers its *slot*, the document or list item
+contract test case (in a list, or in the list under a file's `tests:`). Each unit remembers its *slot*, the document or list item
 that holds it, so removal can cut exactly that text.
 
 The node tree comes from ruamel.yaml's composer, whose marks give each node's
@@ -121,9 +121,14 @@ def _classify(pf: ParsedFile, doc: Document) -> None:
             add(item, root, i, True)
     elif isinstance(root, MappingNode):
         items = get(root, "items")
+        cases = get(root, "tests")
         if text_of(get(root, "kind")) == "List" and isinstance(items, SequenceNode):
             for i, item in enumerate(items.value):
                 add(item, items, i, False)
+        elif isinstance(cases, SequenceNode) and not _is_manifest(root):
+            # a contract test file's other form, `tests: [...]` (manifest/contract.py)
+            for i, item in enumerate(cases.value):
+                add(item, cases, i, True)
         else:
             add(root, None, 0, False)
 

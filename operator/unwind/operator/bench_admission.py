@@ -100,8 +100,8 @@ def main(argv: list[str] | None = None) -> int:
         op = OperatorProcess(sa, Path(tmp) / "operator.log", webhook_port=port).start()
         api = config.new_client_from_config(config_file=str(cp.kubeconfig))  # type: ignore[no-untyped-call]
         try:
-            secret = client.CoreV1Api(api).read_namespaced_secret(TLS_SECRET, OPERATOR_NAMESPACE)
-            ca = base64.b64decode(secret.data["ca.crt"])
+            core: Any = client.CoreV1Api(api)
+            ca = base64.b64decode(core.read_namespaced_secret(TLS_SECRET, OPERATOR_NAMESPACE).data["ca.crt"])
             url = f"https://127.0.0.1:{port}"
             results = {}
             for name, path in (("warm-up", NOOP_PATH), ("baseline: no-op endpoint", NOOP_PATH),

@@ -1,0 +1,187 @@
+"""`unwind dev up` after `unwind dev down` resumes the stopped cluster with what was applied.
+
+The cluster test starts its own dev cluster in a temporary folder (not the session's
+control plane), the way a user runs `unwind dev up`, `down` and `up` again in one folder.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+
+from unwind.controlplane import BuildError, ControlPlaneError, ensure_binaries
+from unwind.controlplane.certs import write_pki
+from unwind.controlplane.cluster import running_in_dir
+from unwind.controlplane.dev import (
+    Start,
+    chart_action,
+    down,
+    kubectl,
+    resume_or_clean,
+    up,
+)
+from unwind.controlplane.procs import pid_alive
+
+NAMESPACE = "shop"
+
+
+def manifest(tool: str, name: str) -> dict[str, Any]:
+    return {"apiVersion": "unwind.dev/v1alpha1", "kind": "ToolManifest",
+            "metadata": {"name": name, "namespace": NAMESPACE},
+            "spec": {"tool": tool, "effect": "read_only", "permission": "shop:read"}}
+
+
+def apply(kubeconfig: Path, *objs: dict[str, Any]) -> None:
+    kubectl(kubeconfig, "apply", "-f", "-", input_text=yaml.safe_dump_all(objs))
+
+
+def wait_ready(kubeconfig: Path, *names: str) -> None:
+    kubectl(kubeconfig, "-n", NAMESPACE, "wait", "--for=condition=Ready", "--timeout=90s",
+            *(f"toolmanifest/{n}" for n in names))
+
+
+def tool_manifests(kubeconfig: Path) -> list[str]:
+    out = kubectl(kubeconfig, "-n", NAMESPACE, "get", "toolmanifests", "-o", "name")
+    return sorted(out.split())
+
+
+@pytest.fixture
+def dev_dir(tmp_path: Path) -> Iterator[Path]:
+    try:
+        ensure_binaries()
+    except (BuildError, OSError) as exc:
+        reason = f"control-plane binaries unavailable: {exc}"
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(reason)
+        pytest.skip(reason)
+    workdir = tmp_path / "dev"
+    try:
+        yield workdir
+    finally:
+        down(workdir)
+
+
+def test_up_after_down_resumes_the_cluster_with_the_manifests_that_were_applied(
+        dev_dir: Path) -> None:
+    first = up(dev_dir)
+    assert first.start == Start(False, "there was no earlier cluster")
+    assert first.chart == "install"
+    kubeconfig = first.control_plane.kubeconfig
+    apply(kubeconfig, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}},
+          manifest("shop.get_order", "shop.get-order"))
+    wait_ready(kubeconfig, "shop.get-order")
+
+    with pytest.raises(ControlPlaneError, match=r"already running in .*unwind dev down"):
+        up(dev_dir)
+    assert down(dev_dir)
+    assert not running_in_dir(dev_dir / "cluster")
+
+    second = up(dev_dir)
+    assert second.start.resume, second.start
+    assert second.chart == "upgrade"
+    assert second.control_plane.kubeconfig == kubeconfig
+    assert tool_manifests(kubeconfig) == ["toolmanifest.unwind.dev/shop.get-order"]
+    # the operator works again under its (kept) ServiceAccount token: a new manifest settles
+    apply(kubeconfig, manifest("shop.list_orders", "shop.list-orders"))
+    wait_ready(kubeconfig, "shop.get-order", "shop.list-orders")
+    assert down(dev_dir)
+
+    third = up(dev_dir, clean=True)
+    assert not third.start.resume
+    assert third.chart == "install"
+    out = kubectl(kubeconfig, "get", "namespace", NAMESPACE, check=False)
+    assert out == ""
+
+
+def test_a_stale_state_file_whose_processes_are_dead_does_not_block_up(tmp_path: Path) -> None:
+    dead = subprocess.Popen(["sleep", "0"])
+    dead.wait()
+    assert not pid_alive(dead.pid)
+    cluster = tmp_path / "cluster"
+    cluster.mkdir()
+    (cluster / "state.json").write_text(f'{{"pids": {{"etcd": {dead.pid}}}}}')
+    (tmp_path / "operator.pid").write_text(str(dead.pid))
+    assert resume_or_clean(tmp_path) == Start(False, "there was no earlier cluster")
+    assert not (cluster / "state.json").exists()
+    assert not (tmp_path / "operator.pid").exists()
+
+
+def test_up_refuses_while_a_process_of_the_folder_still_runs(tmp_path: Path) -> None:
+    # a process whose command line is that of the folder's etcd, as the pid check reads it
+    fake = tmp_path / "etcd"
+    fake.symlink_to(os.path.realpath(sys.executable))
+    cluster = tmp_path / "cluster"
+    cluster.mkdir()
+    proc = subprocess.Popen([str(fake), "-c", "import time; time.sleep(30)", str(cluster.resolve())])
+    try:
+        (cluster / "state.json").write_text(f'{{"pids": {{"etcd": {proc.pid}}}}}')
+        with pytest.raises(ControlPlaneError, match=rf"etcd \(pid {proc.pid}\).*unwind dev down"):
+            resume_or_clean(tmp_path)
+        assert (cluster / "state.json").exists()
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def write_expired_ca(pki: Path) -> None:
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "old")])
+    now = dt.datetime.now(dt.UTC)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name)
+            .public_key(key.public_key()).serial_number(1)
+            .not_valid_before(now - dt.timedelta(days=400))
+            .not_valid_after(now - dt.timedelta(days=35)).sign(key, hashes.SHA256()))
+    pem = cert.public_bytes(serialization.Encoding.PEM)
+    for name_ in ("ca.crt", "apiserver.crt"):
+        (pki / name_).write_bytes(pem)
+    for name_ in ("ca.key", "apiserver.key", "sa.key", "sa.pub"):
+        (pki / name_).write_text("key")
+
+
+def test_a_stopped_cluster_whose_keys_expired_is_started_clean(tmp_path: Path) -> None:
+    cluster = tmp_path / "cluster"
+    (cluster / "etcd" / "member").mkdir(parents=True)
+    (cluster / "pki").mkdir()
+    write_expired_ca(cluster / "pki")
+    start = resume_or_clean(tmp_path)
+    assert not start.resume
+    assert "ca.crt expires on" in start.why
+    assert not cluster.exists()
+
+
+def test_a_stopped_cluster_is_resumed_and_clean_wipes_it(tmp_path: Path) -> None:
+    cluster = tmp_path / "cluster"
+    (cluster / "etcd" / "member").mkdir(parents=True)
+    write_pki(cluster / "pki")
+    assert resume_or_clean(tmp_path).resume
+    assert (cluster / "etcd" / "member").is_dir()
+    start = resume_or_clean(tmp_path, clean=True)
+    assert start == Start(False, "--clean deletes the stopped cluster's data")
+    assert not cluster.exists()
+
+
+@pytest.mark.parametrize(("statuses", "action"), [
+    ([], "install"),
+    (["deployed"], "upgrade"),
+    (["superseded", "failed"], "upgrade"),
+    (["pending-install"], "reinstall"),
+    (["uninstalled"], "reinstall"),
+    (["deployed", "pending-upgrade"], "recover"),
+    (["superseded", "deployed", "pending-rollback"], "recover"),
+])
+def test_the_chart_is_installed_or_upgraded_by_what_the_release_history_says(
+        statuses: list[str], action: str) -> None:
+    history = [{"revision": i + 1, "status": s} for i, s in enumerate(statuses)]
+    assert chart_action(list(reversed(history))) == action
