@@ -218,3 +218,75 @@ def test_an_approval_cannot_be_changed_after_creation() -> None:
     renamed["metadata"]["annotations"]["unwind.dev/approver"] = "cfo"
     with pytest.raises(Refused, match="the recorded approver cannot be changed"):
         validate_approval(req("UPDATE", renamed, old, BOB), TRUST)
+
+
+# ---- the dispatch: AdmissionReview in, AdmissionReview out ------------------------------
+
+def dispatcher(targets: dict[str, Any] | None = None) -> Any:
+    from unwind.operator.hooks import Admission
+
+    def read(namespace: str, plural: str, name: str) -> Any:
+        return (targets or {}).get(name)
+    return Admission(read, "unwind-system", True, signer, TRUST)
+
+
+def review(path: str, obj: Any, user: str = "alice", op: str = "CREATE", namespace: str = "shop") -> Any:
+    import asyncio
+
+    data = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+            "request": {"uid": "u-1", "operation": op, "namespace": namespace, "object": obj,
+                        "userInfo": {"username": user, "groups": ["dev"]}}}
+    return asyncio.run(dispatcher({"get-order": stored_tm(READ, ALICE)}).review(path, data))["response"]
+
+
+def test_a_stamp_answer_is_a_json_patch_that_adds_the_annotations() -> None:
+    import base64
+    import json
+
+    answer = review("stamp-toolmanifest", tm(READ))
+    assert answer["allowed"] is True and answer["patchType"] == "JSONPatch"
+    ops = json.loads(base64.b64decode(answer["patch"]))
+    assert ops[0]["op"] == "add" and ops[0]["path"] == "/metadata/annotations"
+    with_some = tm(READ, {"team": "shop"})
+    ops = json.loads(base64.b64decode(review("stamp-toolmanifest", with_some)["patch"]))
+    assert {o["path"] for o in ops} == {"/metadata/annotations/unwind.dev~1applied-by",
+                                        "/metadata/annotations/unwind.dev~1applied-by-groups",
+                                        "/metadata/annotations/unwind.dev~1applied-by-stamp"}
+
+
+def test_a_refusal_is_a_denial_with_its_code_and_message() -> None:
+    answer = review("validate-toolmanifest", tm({**READ, "effect": "sideways"}))
+    assert answer["allowed"] is False and answer["status"]["code"] == 422
+    assert "spec.effect" in answer["status"]["message"]
+
+
+def test_the_operator_namespace_and_unknown_paths_are_answered_not_crashed() -> None:
+    assert review("validate-toolmanifest", tm({"nonsense": 1}), namespace="unwind-system")["allowed"] is True
+    answer = review("no-such-hook", tm(READ))
+    assert answer["allowed"] is False and "has no handler 'no-such-hook'" in answer["status"]["message"]
+
+
+def test_an_approval_gets_its_owner_reference_in_the_patch() -> None:
+    import base64
+    import json
+
+    answer = review("stamp-approval", approval(approve_spec(READ)), user="bob")
+    ops = json.loads(base64.b64decode(answer["patch"]))
+    assert {"op": "add", "path": "/metadata/ownerReferences", "value": [
+        {"apiVersion": "unwind.dev/v1alpha1", "kind": "ToolManifest", "name": "get-order", "uid": "u-1",
+         "blockOwnerDeletion": False}]} in ops
+
+
+@given(st.dictionaries(st.sampled_from(["uid", "operation", "namespace", "object", "oldObject", "userInfo"]),
+                       st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=6),
+                                    lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=6), c,
+                                                                                         max_size=3),
+                                    max_leaves=12)),
+       st.sampled_from(["validate-toolmanifest", "stamp-toolmanifest", "stamp-approval", "validate-approval"]))
+def test_no_admission_review_crashes_the_dispatch(request: dict[str, Any], path: str) -> None:
+    import asyncio
+
+    answer = asyncio.run(dispatcher().review(path, {"request": request}))["response"]
+    assert isinstance(answer["allowed"], bool)
+    if not answer["allowed"]:
+        assert answer["status"]["message"]

@@ -33,6 +33,7 @@ from ..controlplane.dev import (
     install_chart,
     install_crds,
     kubectl,
+    local_values,
     service_account_kubeconfig,
 )
 from ..registry.signing import TrustStore
@@ -97,13 +98,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("-n", type=int, default=1000)
     parser.add_argument("--timeout", type=float, default=120)
+    parser.add_argument("--operator-arg", dest="operator_args", action="append", default=[],
+                        help="extra argument for `unwind operator` (repeatable), e.g. --bundle-window=5")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp, ControlPlane(Path(tmp) / "cp", die_with_parent=True) as cp:
         install_crds(cp.kubeconfig)
-        install_chart(cp.kubeconfig)
+        metrics_port, webhook_port = free_ports(2)
+        install_chart(cp.kubeconfig, local_values(webhook_port))
         sa = service_account_kubeconfig(cp, Path(tmp) / "sa.kubeconfig")
-        metrics_port = free_ports(1)[0]
-        op = OperatorProcess(sa, Path(tmp) / "operator.log", (f"--metrics-port={metrics_port}",)).start()
+        op = OperatorProcess(sa, Path(tmp) / "operator.log", (f"--metrics-port={metrics_port}", "--trusted-appliers=admin", *args.operator_args),
+                             webhook_port=webhook_port).start()
         api = config.new_client_from_config(config_file=str(cp.kubeconfig))  # type: ignore[no-untyped-call]
         try:
             kubectl(cp.kubeconfig, "create", "namespace", NAMESPACE)

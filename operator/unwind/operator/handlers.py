@@ -25,7 +25,7 @@ from .. import API_GROUP, API_VERSION
 from ..api.conditions import now_rfc3339
 from ..registry.signing import Signature, TrustStore, key_id, sign
 from . import metrics
-from .hooks import WebhookConfig, register_admission
+from .hooks import Admission, WebhookConfig, reader
 from .keys import ensure_signing_key, publish_trust
 from .kube import APPROVALS, BUNDLE_LABEL, PLURAL, Kube
 from .leader import Elector, Timing
@@ -147,7 +147,8 @@ def build_registry(config: Config, api: client.ApiClient) -> kopf.OperatorRegist
                                 state["settings"], first_seen)
 
     namespaces = Namespaces(reconcile, config.bundle_window, elector.leading)
-    register_admission(registry, kube, config.operator_namespace, config.four_eyes, state)
+    admission = Admission(reader(kube), config.operator_namespace, config.four_eyes)
+    server = WebhookServer(tls, admission, config.webhook.addr, config.webhook.port)
 
     @kopf.on.login(registry=registry)
     def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
@@ -170,16 +171,15 @@ def build_registry(config: Config, api: client.ApiClient) -> kopf.OperatorRegist
         def signer(message: bytes) -> Signature:
             return sign(key, message)
 
-        state["signer"] = signer
-        state["trust"] = TrustStore([key.public_key()])  # identity stamps are ours alone
-        state["settings"] = Settings(config.trusted_appliers, config.four_eyes, state["trust"])
+        state["signer"] = admission.signer = signer
+        admission.trust = TrustStore([key.public_key()])  # identity stamps are ours alone
+        state["settings"] = Settings(config.trusted_appliers, config.four_eyes, admission.trust)
         assert state["kid"] == key_id(key.public_key())
         log.info("signing with key %s; public keys in ConfigMap %s/unwind-trust",
                  state["kid"], config.operator_namespace)
-        settings.admission.server = WebhookServer(tls, config.webhook.addr, config.webhook.port)  # type: ignore[assignment]
-        settings.admission.managed = None  # the chart installs the configurations; we keep caBundle
         state["tasks"] = [asyncio.create_task(_resync(namespaces, config.resync_seconds)),
-                          asyncio.create_task(tls.run()), asyncio.create_task(elector.run())]
+                          asyncio.create_task(tls.run()), asyncio.create_task(server.serve()),
+                          asyncio.create_task(elector.run())]
 
     @kopf.on.cleanup(registry=registry)
     async def cleanup(**_: Any) -> None:

@@ -1,30 +1,38 @@
-"""kopf admission handlers: thin wrappers that turn an AdmissionReview into admission.py's
-pure decisions and their refusals into denials kubectl prints.
+"""The admission webhooks' handlers: thin wrappers that turn an AdmissionReview into
+admission.py's pure decisions, and refusals into denials kubectl prints.
 
 The webhook configurations themselves are installed by the Helm chart (and so by
 `unwind dev up`): ``Fail`` for ToolManifests and Approvals, so nothing unchecked gets in;
-the operator's own namespace excluded. Each handler's id is its URL path.
+the operator's own namespace excluded. Each handler's name is its URL path.
+
+Why not kopf's admission dispatch: it costs about 1.5 ms per review in bookkeeping our
+handlers do not need (memos, diffs, handler progress), against ~0.1 ms for the decisions
+themselves, and the webhooks are on the path of every `kubectl apply`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import datetime as dt
-from collections.abc import Sequence
+import json
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import kopf
 from kubernetes.client.exceptions import ApiException
 
 from .. import API_GROUP, API_VERSION
+from ..registry.signing import TrustStore
 from . import admission
 from .admission import Refused, Request
 from .certs import Lifetimes
-from .identity import Identity
-from .kube import APPROVALS, PLURAL, Kube
+from .identity import Identity, Signer
+from .kube import PLURAL, Kube
 
 LEDGERS = "effectledgers"
+Handler = Callable[[Request, Mapping[str, Any]], Awaitable[list[dict[str, Any]]]]
+Reader = Callable[[str, str, str], "dict[str, Any] | None"]  # (namespace, plural, name) -> object
 
 
 @dataclass(frozen=True)
@@ -41,80 +49,122 @@ class WebhookConfig:
         return (f"{base}.svc", service, base, f"{base}.svc.cluster.local")
 
 
-def _request(operation: str, namespace: str, new: Any, old: Any, userinfo: Any) -> Request:
-    return Request(operation, namespace or "", dict(new) if new is not None else {},
-                   dict(old) if old is not None else None, Identity.from_userinfo(userinfo))
+def _escape(key: str) -> str:
+    return key.replace("~", "~0").replace("/", "~1")
 
 
-def _set_annotations(patch: Any, body: Any, values: dict[str, str]) -> None:
-    if values:
-        patch.metadata["annotations"] = {**(body.get("metadata", {}).get("annotations") or {}), **values}
+def annotation_patch(obj: Mapping[str, Any], values: Mapping[str, str]) -> list[dict[str, Any]]:
+    """JSON patch operations that set these annotations on obj."""
+    if not values:
+        return []
+    if not (obj.get("metadata") or {}).get("annotations"):
+        return [{"op": "add", "path": "/metadata/annotations", "value": dict(values)}]
+    return [{"op": "add", "path": f"/metadata/annotations/{_escape(k)}", "value": v} for k, v in values.items()]
 
 
-def register_admission(registry: kopf.OperatorRegistry, kube: Kube, operator_namespace: str,
-                       four_eyes: bool, state: dict[str, Any]) -> None:
-    """Register the four handlers; ``state`` gains the signer and trust at start-up."""
+def owner_patch(obj: Mapping[str, Any], owner: Mapping[str, Any]) -> list[dict[str, Any]]:
+    owners = (obj.get("metadata") or {}).get("ownerReferences")
+    if not owners:
+        return [{"op": "add", "path": "/metadata/ownerReferences", "value": [dict(owner)]}]
+    if any(isinstance(o, dict) and o.get("uid") == owner.get("uid") for o in owners):
+        return []
+    return [{"op": "add", "path": "/metadata/ownerReferences/-", "value": dict(owner)}]
 
-    def ours(namespace: str | None) -> bool:
-        # the configurations exclude it already; this guards a hand-made configuration
-        return namespace == operator_namespace
 
-    def refuse(exc: Refused) -> kopf.AdmissionError:
-        return kopf.AdmissionError(str(exc), code=exc.code)
+@dataclass
+class Admission:
+    """The four handlers, by path; ``signer`` and ``trust`` arrive when the key is loaded."""
 
-    @kopf.on.validate(API_GROUP, API_VERSION, PLURAL, id="validate-toolmanifest",  # type: ignore[arg-type]
-                      operations=["CREATE", "UPDATE"], registry=registry)
-    def validate_toolmanifest(operation: str, namespace: str, new: Any, old: Any, userinfo: Any, **_: Any) -> None:
-        if ours(namespace):
-            return
+    read: Reader  # gets an Approval's target (None: it does not exist)
+    operator_namespace: str
+    four_eyes: bool
+    signer: Signer | None = None
+    trust: TrustStore = field(default_factory=TrustStore)
+
+    def handlers(self) -> dict[str, Handler]:
+        return {"validate-toolmanifest": self.validate_toolmanifest, "stamp-toolmanifest": self.stamp_toolmanifest,
+                "stamp-approval": self.stamp_approval, "validate-approval": self.validate_approval}
+
+    async def review(self, path: str, review: Mapping[str, Any]) -> dict[str, Any]:
+        """An AdmissionReview in, its answer out; never raises for a malformed request."""
+        request = review.get("request")
+        request = request if isinstance(request, Mapping) else {}
+        answer: dict[str, Any] = {"uid": str(request.get("uid") or ""), "allowed": True}
+        handler = self.handlers().get(path)
         try:
-            admission.validate_toolmanifest(_request(operation, namespace, new, old, userinfo))
+            if handler is None:
+                raise Refused(f"the Unwind webhook has no handler {path!r}: check the webhook "
+                              "configuration's clientConfig path", 404)
+            if self.signer is None:
+                raise Refused("the Unwind operator is starting and cannot stamp identities yet; "
+                              "try again in a few seconds", 503)
+            req = _request(request)
+            if req.namespace == self.operator_namespace:  # excluded by the configurations too
+                return _wrap(review, answer)
+            ops = await handler(req, request)
+            if ops:
+                answer["patchType"] = "JSONPatch"
+                answer["patch"] = base64.b64encode(json.dumps(ops).encode()).decode()
         except Refused as exc:
-            raise refuse(exc) from None
+            answer = {"uid": answer["uid"], "allowed": False, "status": {"code": exc.code, "message": str(exc)}}
+        except Exception as exc:  # API trouble reading a target: refuse, say so, never crash
+            message = (f"the Unwind webhook could not check this request ({type(exc).__name__}: {exc}); "
+                       "try again")
+            answer = {"uid": answer["uid"], "allowed": False, "status": {"code": 500, "message": message[:1000]}}
+        return _wrap(review, answer)
 
-    @kopf.on.mutate(API_GROUP, API_VERSION, PLURAL, id="stamp-toolmanifest",  # type: ignore[arg-type]
-                    operations=["CREATE", "UPDATE"], registry=registry)
-    def stamp_toolmanifest(operation: str, namespace: str, new: Any, old: Any, userinfo: Any,
-                           patch: kopf.Patch, body: Any, **_: Any) -> None:
-        if ours(namespace):
-            return
+    async def validate_toolmanifest(self, req: Request, raw: Mapping[str, Any]) -> list[dict[str, Any]]:
+        admission.validate_toolmanifest(req)
+        return []
+
+    async def stamp_toolmanifest(self, req: Request, raw: Mapping[str, Any]) -> list[dict[str, Any]]:
+        assert self.signer is not None
+        return annotation_patch(req.new, admission.mutate_toolmanifest(req, self.signer))
+
+    async def stamp_approval(self, req: Request, raw: Mapping[str, Any]) -> list[dict[str, Any]]:
+        assert self.signer is not None
+        target = await asyncio.to_thread(_target, self.read, req.namespace, req.new.get("spec"))
+        result = admission.mutate_approval(req, target, self.signer, self.trust, self.four_eyes)
+        if result is None:
+            return []
+        return annotation_patch(req.new, result.annotations) + owner_patch(req.new, result.owner)
+
+    async def validate_approval(self, req: Request, raw: Mapping[str, Any]) -> list[dict[str, Any]]:
+        admission.validate_approval(req, self.trust)
+        return []
+
+
+def _request(request: Mapping[str, Any]) -> Request:
+    new, old = request.get("object"), request.get("oldObject")
+    if request.get("operation") == "DELETE":
+        new = new or old
+    if not isinstance(new, Mapping):
+        raise Refused("the AdmissionReview carries no object", 400)
+    return Request(str(request.get("operation") or ""), str(request.get("namespace") or ""), new,
+                   old if isinstance(old, Mapping) else None,
+                   Identity.from_userinfo(request.get("userInfo") if isinstance(request.get("userInfo"), Mapping)
+                                          else None))
+
+
+def _wrap(review: Mapping[str, Any], answer: dict[str, Any]) -> dict[str, Any]:
+    return {"apiVersion": str(review.get("apiVersion") or "admission.k8s.io/v1"), "kind": "AdmissionReview",
+            "response": answer}
+
+
+def reader(kube: Kube) -> Reader:
+    def read(namespace: str, plural: str, name: str) -> dict[str, Any] | None:
         try:
-            values = admission.mutate_toolmanifest(_request(operation, namespace, new, old, userinfo),
-                                                   state["signer"])
-        except Refused as exc:
-            raise refuse(exc) from None
-        _set_annotations(patch, body, values)
-
-    @kopf.on.mutate(API_GROUP, API_VERSION, APPROVALS, id="stamp-approval",  # type: ignore[arg-type]
-                    operations=["CREATE"], registry=registry)
-    async def stamp_approval(operation: str, namespace: str, new: Any, userinfo: Any,
-                             patch: kopf.Patch, body: Any, **_: Any) -> None:
-        if ours(namespace):
-            return
-        req = _request(operation, namespace, new, None, userinfo)
-        try:
-            target = await asyncio.to_thread(_target, kube, namespace, req.new.get("spec"))
-            result = admission.mutate_approval(req, target, state["signer"], state["trust"], four_eyes)
-        except Refused as exc:
-            raise refuse(exc) from None
-        if result is not None:
-            _set_annotations(patch, body, result.annotations)
-            owners: Sequence[Any] = body.get("metadata", {}).get("ownerReferences") or []
-            if not any(o.get("uid") == result.owner["uid"] for o in owners):
-                patch.metadata["ownerReferences"] = [*owners, result.owner]
-
-    @kopf.on.validate(API_GROUP, API_VERSION, APPROVALS, id="validate-approval",  # type: ignore[arg-type]
-                      operations=["CREATE", "UPDATE"], registry=registry)
-    def validate_approval(operation: str, namespace: str, new: Any, old: Any, userinfo: Any, **_: Any) -> None:
-        if ours(namespace):
-            return
-        try:
-            admission.validate_approval(_request(operation, namespace, new, old, userinfo), state["trust"])
-        except Refused as exc:
-            raise refuse(exc) from None
+            found: dict[str, Any] = kube.custom.get_namespaced_custom_object(API_GROUP, API_VERSION, namespace,
+                                                                             plural, name)
+            return found
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+    return read
 
 
-def _target(kube: Kube, namespace: str, spec: Any) -> dict[str, Any] | None:
+def _target(read: Reader, namespace: str, spec: Any) -> dict[str, Any] | None:
     """The object an Approval names, or None when it does not exist (a malformed target is
     left for admission.py to describe)."""
     target = spec.get("target") if isinstance(spec, dict) else None
@@ -124,14 +174,7 @@ def _target(kube: Kube, namespace: str, spec: Any) -> dict[str, Any] | None:
                     else (LEDGERS, target.get("effectLedger")))
     if not isinstance(name, str) or not name:
         return None
-    try:
-        found: dict[str, Any] = kube.custom.get_namespaced_custom_object(API_GROUP, API_VERSION, namespace,
-                                                                         plural, name)
-        return found
-    except ApiException as exc:
-        if exc.status == 404:
-            return None
-        raise
+    return read(namespace, plural, name)
 
 
 def parse_lifetime(value: str) -> dt.timedelta:

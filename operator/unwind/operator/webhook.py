@@ -1,10 +1,9 @@
 """The admission webhook server: HTTPS with a certificate that renews in place.
 
-kopf dispatches AdmissionReviews to the ``@kopf.on.validate``/``@kopf.on.mutate``
-handlers; this module is the server kopf hands them to (kopf's server protocol), because
-kopf's own ``WebhookServer`` restarts its listener when the certificate files change, and
-a restart refuses the requests that arrive meanwhile. Here the certificate is loaded into
-the live ``ssl.SSLContext``: new connections get the new certificate, open ones finish.
+Why not kopf's ``WebhookServer``: it restarts its listener when the certificate files
+change, and a restart refuses the requests that arrive meanwhile. Here the certificate is
+loaded into the live ``ssl.SSLContext``: new connections get the new certificate, open
+ones finish.
 
 ``TLSKeeper`` keeps the certificate Secret current (certs.py decides), makes sure every
 webhook configuration's ``caBundle`` holds the CA *before* a certificate it issued is
@@ -22,7 +21,7 @@ import logging
 import os
 import ssl
 import tempfile
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,6 +31,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from .certs import CA_CERT, TLS_CERT, TLS_KEY, Lifetimes, expires, plan_tls
+from .hooks import Admission
 
 log = logging.getLogger("unwind.operator")
 TLS_SECRET = "unwind-webhook-tls"
@@ -148,28 +148,25 @@ class TLSKeeper:
 
 @dataclass
 class WebhookServer:
-    """kopf's webhook server protocol over aiohttp, with the keeper's live SSL context."""
+    """HTTPS for the admission webhooks, with the keeper's live SSL context: POST /<handler>
+    with an AdmissionReview, answered by ``Admission.review``."""
 
     tls: TLSKeeper
+    admission: Admission
     addr: str = "0.0.0.0"
     port: int = 9443
 
-    async def __call__(self, fn: Any) -> AsyncIterator[dict[str, Any]]:
+    async def serve(self) -> None:
         await self.tls.ready.wait()
 
-        async def serve(request: aiohttp.web.Request) -> aiohttp.web.Response:
+        async def review(request: aiohttp.web.Request) -> aiohttp.web.Response:
             try:
                 data = json.loads(await request.read())
             except ValueError as exc:
                 raise aiohttp.web.HTTPBadRequest(reason=f"the body is not JSON: {exc}") from None
             if not isinstance(data, dict) or not isinstance(data.get("request"), dict):
                 raise aiohttp.web.HTTPBadRequest(reason="the body is not an AdmissionReview")
-            try:
-                response = await fn(data, webhook=request.match_info.get("id"), headers=dict(request.headers),
-                                    sslpeer={})
-            except Exception as exc:  # kopf's errors for unknown resources and missing data
-                raise aiohttp.web.HTTPBadRequest(reason=str(exc) or type(exc).__name__) from None
-            return aiohttp.web.json_response(response)
+            return aiohttp.web.json_response(await self.admission.review(request.match_info["id"], data))
 
         async def noop(request: aiohttp.web.Request) -> aiohttp.web.Response:
             data = json.loads(await request.read())
@@ -178,7 +175,7 @@ class WebhookServer:
                                               "response": {"uid": uid, "allowed": True}})
 
         app = aiohttp.web.Application(client_max_size=3 * 1024 * 1024)
-        app.add_routes([aiohttp.web.post(NOOP_PATH, noop), aiohttp.web.post("/{id}", serve)])
+        app.add_routes([aiohttp.web.post(NOOP_PATH, noop), aiohttp.web.post("/{id}", review)])
         runner = aiohttp.web.AppRunner(app, handle_signals=False, access_log=None)
         await runner.setup()
         try:
@@ -188,7 +185,6 @@ class WebhookServer:
                                        reuse_port=True)
             await site.start()
             log.info("admission webhooks listening on https://%s:%d", self.addr, self.port)
-            yield {"url": f"https://{self.addr}:{self.port}"}  # unused: the chart owns the configurations
             await asyncio.Event().wait()
         finally:
             await runner.cleanup()
