@@ -285,3 +285,27 @@ def test_the_plugin_reads_the_labels_and_annotations_the_operator_writes() -> No
     assert (view.OWNER_LABEL, view.CHECKSUM_ANNOTATION, view.AUTHOR_ANNOTATION) == \
         (kube.OWNER_LABEL, kube.CHECKSUM_ANNOTATION, kube.AUTHOR_ANNOTATION)
     assert str(Target("ToolManifest", "read")) == "tm/read"
+
+
+def test_a_decision_waits_for_the_operator_to_have_seen_the_spec_and_needs_a_valid_one() -> None:
+    from unwind.cli.plugin_cmds import Refusal, _current_version
+
+    target = Target("ToolManifest", "read")
+    with pytest.raises(Refusal, match=r"not reported on it yet \(is the Unwind operator running\?\)"):
+        _current_version(target, {"metadata": {"generation": 1}}, "approve")
+    with pytest.raises(Refusal, match=r"^tm/read: the operator has not seen the latest spec yet; try again$"):
+        _current_version(target, manifest(gen=2, observed=1, conds=OK, checksum=A, version=1), "approve")
+    broken = manifest(conds={"Valid": ("False", "SetValidationFailed", "compensation.tool: no such tool")})
+    with pytest.raises(Refusal, match=r"^tm/read is invalid, so there is nothing to deny: compensation.tool: "
+                                      r"no such tool; fix the spec first$"):
+        _current_version(target, broken, "deny")
+    assert _current_version(target, manifest(conds=OK, checksum=A, version=3), "approve") == (A, 3)
+
+
+def test_wait_timeouts_need_a_unit_like_kubectls() -> None:
+    from unwind.cli.plugin_cmds import _timeout
+
+    assert _timeout("2m") == 120 and _timeout("500ms") == 0.5
+    for bad in ("60", "soon"):
+        with pytest.raises(UsageError, match="--timeout"):
+            _timeout(bad)

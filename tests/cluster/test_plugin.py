@@ -12,7 +12,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cluster_helpers import GROUP, READ, ROOT, VERSION, apply, condition, enforced, settled, tm, wait_for
+from cluster_helpers import (
+    GROUP,
+    READ,
+    ROOT,
+    VERSION,
+    apply,
+    condition,
+    enforced,
+    settled,
+    tm,
+    wait_for,
+)
 from kubernetes import client
 
 from unwind.controlplane import ControlPlane
