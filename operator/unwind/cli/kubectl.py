@@ -107,13 +107,18 @@ class Kubectl:
         base = cls(tuple(flags), None, found)
         return replace(base, namespace=args.namespace or base.context_namespace())
 
-    def context_namespace(self) -> str:
-        """The namespace kubectl would use: the current context's, else "default"."""
+    def context_namespace(self) -> str | None:
+        """The namespace kubectl would use: the current context's, else "default"; None
+        when there is no kubeconfig to read (in a pod kubectl picks the pod's namespace
+        itself, so no --namespace is passed then)."""
         proc = self._run(["config", "view", "--minify", "-o", "jsonpath={..namespace}"])
         if proc.returncode != 0:
-            # A kubeconfig that cannot be read is reported by the first real call.
-            return "default"
+            return None  # a kubeconfig that is wrong is reported by the first real call
         return proc.stdout.strip() or "default"
+
+    @property
+    def where(self) -> str:
+        return f"namespace {self.namespace}" if self.namespace else "kubectl's default namespace"
 
     def _run(self, args: Sequence[str], stdin: str | None = None) -> subprocess.CompletedProcess[str]:
         return subprocess.run([self.binary, *self.flags, *args], input=stdin, capture_output=True,

@@ -68,7 +68,7 @@ def _read(k: Kubectl, target: Target) -> dict[str, Any]:
         obj = k.get(target.resource, target.name)
     except KubectlError as exc:
         if exc.reason == "NotFound":
-            raise Refusal(f"{target} does not exist in namespace {k.namespace}") from None
+            raise Refusal(f"{target} does not exist in {k.where}") from None
         raise
     if not isinstance(obj, dict):
         raise Refusal(f"kubectl did not return {target} as an object")
@@ -113,14 +113,14 @@ def _approval_body(spec: dict[str, Any]) -> dict[str, Any]:
     return {"apiVersion": f"{API_GROUP}/{API_VERSION}", "kind": "Approval", "metadata": {}, "spec": spec}
 
 
-def _result(created: dict[str, Any], k: Kubectl, target: dict[str, Any],
+def _result(created: dict[str, Any], target: dict[str, Any],
             condition: dict[str, Any] | None = None) -> dict[str, Any]:
     ann, spec = view.annotations_of(created), created.get("spec") or {}
     try:
         groups = json.loads(ann.get(APPROVER.groups) or "[]")
     except ValueError:
         groups = []
-    return {"namespace": k.namespace, "approval": view.meta(created).get("name"),
+    return {"namespace": view.meta(created).get("namespace"), "approval": view.meta(created).get("name"),
             "decision": spec.get("decision"), "approver": ann.get(APPROVER.user),
             "approverGroups": groups, "reason": spec.get("reason"), "target": target,
             "condition": condition}
@@ -184,7 +184,7 @@ def _decide_manifest(k: Kubectl, target: Target, decision: str, args: argparse.N
         if not ok:
             print(f"error: {why}", file=sys.stderr)
     if args.output:
-        _emit(_result(created, k, summary, condition), args.output)
+        _emit(_result(created, summary, condition), args.output)
     return 0 if ok else 1
 
 
@@ -226,7 +226,7 @@ def _decide_entry(k: Kubectl, target: Target, decision: str, args: argparse.Name
     created = _create(k, _approval_body(spec), lambda: view.approval_name(
         target.name, decision, args.entry, secrets.token_hex(4)))
     if args.output:
-        _emit(_result(created, k, {"effectLedger": target.name, "entry": args.entry}), args.output)
+        _emit(_result(created, {"effectLedger": target.name, "entry": args.entry}), args.output)
         return 0
     name, who = view.meta(created).get("name"), view.annotations_of(created).get(APPROVER.user, "?")
     print(f"{'approved' if decision == 'approve' else 'denied'} entry {args.entry} of {target} as {who} "
@@ -314,7 +314,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     if args.output:
         _emit([r.to_json() for r in rows], args.output)
     elif not rows:
-        print(f"No ToolManifests in namespace {k.namespace}.", file=sys.stderr)
+        print(f"No ToolManifests in {k.where}.", file=sys.stderr)
     else:
         print(view.table(view.NAMESPACE_HEADERS, (r.cells() for r in rows)))
     return 0
