@@ -40,6 +40,7 @@ def test_every_spelling_of_a_target_names_its_kind(text: str, kind: str) -> None
     ("pod/read", "'pod' is not a kind this command takes"),
     ("tm/Read_Me", "is not a Kubernetes object name"),
     ("tm/", "is not a Kubernetes object name"),
+    ("tm/read\n", "is not a Kubernetes object name"),
     ("tm/" + "a" * 254, "at most 253"),
 ])
 def test_a_target_that_cannot_be_used_is_refused_with_what_to_type(text: str, says: str) -> None:
@@ -57,7 +58,7 @@ def test_a_version_is_a_number_with_or_without_a_v(text: str, version: int) -> N
     assert view.parse_version(text) == version
 
 
-@pytest.mark.parametrize("text", ["0", "v", "x2", "2.0", "-1", "", "v-3"])
+@pytest.mark.parametrize("text", ["0", "v", "x2", "2.0", "-1", "", "v-3", "v²", "2\n"])
 def test_anything_else_is_not_a_version(text: str) -> None:
     with pytest.raises(UsageError, match="give a number such as 2 or v2"):
         view.parse_version(text)

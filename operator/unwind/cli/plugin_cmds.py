@@ -210,7 +210,7 @@ def _wait(k: Kubectl, target: Target, digest: str, decision: str, name: str,
                     return condition, True, ""
                 if reason == Reason.DENIED:
                     return condition, False, "the version was denied: a deny is final"
-                if f"Approval {name} " in message and "not counted" in message:
+                if "not counted" in message and f"Approval {name}" in message.split("not counted", 1)[1]:
                     return condition, False, "the operator did not count your approval (see the message)"
         if time.monotonic() >= deadline:
             return condition, False, (f"timed out after {timeout:g}s waiting for the operator to "

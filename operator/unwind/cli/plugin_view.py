@@ -27,7 +27,7 @@ OWNER_LABEL = "unwind.dev/toolmanifest-uid"
 CHECKSUM_ANNOTATION = "unwind.dev/checksum"
 AUTHOR_ANNOTATION = "unwind.dev/applied-by"
 
-_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 MAX_NAME = 253
 _KINDS = {"ToolManifest": ("tm", "toolmanifest", "toolmanifests"),
           "EffectLedger": ("ledger", "effectledger", "effectledgers")}
@@ -40,7 +40,7 @@ class UsageError(ValueError):
 
 
 def is_object_name(name: str) -> bool:
-    return len(name) <= MAX_NAME and bool(_DNS_SUBDOMAIN.match(name))
+    return len(name) <= MAX_NAME and bool(_DNS_SUBDOMAIN.fullmatch(name))
 
 
 @dataclass(frozen=True)
@@ -76,7 +76,7 @@ def parse_target(text: str, kinds: Sequence[str] = ("ToolManifest", "EffectLedge
 def parse_version(text: str) -> int:
     """``2`` or ``v2``."""
     digits = text[1:] if text[:1] in ("v", "V") else text
-    if not digits.isdigit() or int(digits) < 1:
+    if not re.fullmatch(r"[0-9]+", digits) or int(digits) < 1:
         raise UsageError(f"{text!r} is not a version: give a number such as 2 or v2")
     return int(digits)
 
