@@ -18,7 +18,7 @@ from unwind.cli.plugin_cmds import COMMANDS
 from unwind.cli.plugin_view import Target, UsageError
 from unwind.registry.signing import Signature
 
-DNS = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+DNS = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 A, B, C = ("sha256:" + c * 64 for c in "abc")
 
 
@@ -75,7 +75,7 @@ names = st.from_regex(r"\A[a-z0-9]([-a-z0-9.]{0,252})\Z").filter(lambda n: view.
 @given(names, st.sampled_from(["approve", "deny"]), st.text(max_size=300) | st.just("v12"))
 def test_an_approval_name_is_always_a_valid_object_name(target: str, decision: str, detail: str) -> None:
     name = view.approval_name(target, decision, detail, "0123abcd")
-    assert len(name) <= 253 and DNS.match(name), name
+    assert len(name) <= 253 and DNS.fullmatch(name), name
     assert f"-{decision}-" in name and name.endswith("-0123abcd")
 
 
@@ -84,7 +84,7 @@ def test_a_long_manifest_name_is_shortened_to_fit_without_ending_in_a_dot() -> N
     for cut in ("-", ".", "-."):  # what would be left at the end of the shortened name
         target = "a" * (253 - len(suffix) - len(cut)) + cut + "b" * 40
         name = view.approval_name(target, "approve", "v3", "0123abcd")
-        assert len(name) <= 253 and DNS.match(name), name
+        assert len(name) <= 253 and DNS.fullmatch(name), name
         assert name == "a" * (253 - len(suffix) - len(cut)) + suffix
 
 
