@@ -1,5 +1,8 @@
 """`unwind`: validate, lint and test manifests offline; manage a registry; run the operator.
 
+Installed as `kubectl-unwind` too: `kubectl unwind approve|deny|history|diff|status`
+decide on and inspect ToolManifest versions in a cluster (plugin_cmds.py).
+
 Every command returns an exit code; errors are one line on stderr, never a traceback
 (``main`` turns an unexpected exception into one line too, with the option to see more
 via UNWIND_DEBUG=1).
@@ -152,8 +155,12 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 
 # Commands that live in other modules, imported only when needed, so that `unwind operator`
 # does not carry the editor or the registry client in a long-running process.
+# The kubectl plugin's commands (plugin_cmds.COMMANDS) are listed here too, so that
+# looking them up imports no module.
+PLUGIN_COMMANDS = ("approve", "deny", "history", "diff", "status")
 _MODULE_COMMANDS = {"keygen": ("registry_cmds",), "manifests": ("registry_cmds", "edit_cmds"),
-                    "operator": ("cluster_cmds",), "dev": ("cluster_cmds",)}
+                    "operator": ("cluster_cmds",), "dev": ("cluster_cmds",),
+                    **{c: ("plugin_cmds",) for c in PLUGIN_COMMANDS}}
 
 
 def _register_optional(sub: argparse._SubParsersAction[argparse.ArgumentParser],
@@ -174,10 +181,16 @@ def _register_optional(sub: argparse._SubParsersAction[argparse.ArgumentParser],
                 register(msub)
     if "cluster_cmds" in modules:
         modules["cluster_cmds"].register(sub)
+    if "plugin_cmds" in modules:
+        modules["plugin_cmds"].register(sub)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+    from .kubectl import hoist_kube_flags
+
+    # `kubectl unwind -n NS status` hands the plugin `-n NS status`: accept kubectl's
+    # connection flags before a plugin command too.
+    argv = hoist_kube_flags(list(sys.argv[1:] if argv is None else argv), PLUGIN_COMMANDS)
     command = next((a for a in argv if not a.startswith("-")), None)
     parser = build_parser(command)
     args = parser.parse_args(argv)
