@@ -461,3 +461,27 @@ def test_deleting_the_readers_in_the_same_sync_releases_the_manifest() -> None:
     result = c.reconcile()
     assert result.finalizers["cancel"][1] == []
     assert not [e for e in result.events if e.reason == "DeletionBlocked"]
+
+
+def test_a_deny_of_the_enforced_version_falls_back_to_the_version_approved_before_it() -> None:
+    c = Cluster()
+    c.apply("read", READ, by="alice")
+    c.decide("read", "bob")
+    c.reconcile()
+    c.apply("read", {**READ, "description": "v2"}, by="alice")
+    c.decide("read", "bob")
+    c.reconcile()
+    assert c.enforced() == {"shop.get_order": 2}
+    c.decide("read", "carol", "deny", reason="too broad")
+    c.reconcile()
+    assert c.enforced() == {"shop.get_order": 1}
+    assert c.condition("read", "Published")["reason"] == "LastApprovedVersionPublished"
+
+
+def test_a_version_that_breaks_the_set_still_shows_its_version_and_checksum() -> None:
+    c = Cluster()
+    c.apply("create", CREATE, by="alice")  # its compensation tool is missing
+    c.reconcile()
+    status = c.objects["create"].status
+    assert c.condition("create", "Valid")["reason"] == "SetValidationFailed"
+    assert status["version"] == 1 and status["checksum"] == version_of(CREATE)

@@ -62,7 +62,17 @@ def install_crds(kubeconfig: Path) -> None:
         write_crds([Path(tmp)])
         kubectl(kubeconfig, "apply", "-f", tmp)
     names = [f"crd/{k.plural}.unwind.dev" for k in KINDS]
-    kubectl(kubeconfig, "wait", "--for=condition=Established", "--timeout=60s", *names)
+    deadline = time.monotonic() + 60
+    while True:
+        # A newer kubectl against a 1.20 API server fails the wait at once ("accessor error")
+        # while a just-created CRD has no conditions yet: ask again until the deadline.
+        try:
+            kubectl(kubeconfig, "wait", "--for=condition=Established", "--timeout=60s", *names)
+            return
+        except ControlPlaneError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
 
 
 def local_values(webhook_port: int, trusted: tuple[str, ...] = ("admin",)) -> dict[str, object]:

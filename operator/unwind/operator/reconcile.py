@@ -29,7 +29,15 @@ from ..manifest.lint import lint
 from ..manifest.model import ToolManifest
 from ..manifest.validate import validate_manifest, validate_set
 from ..registry.signing import Signature, TrustStore, signing_message
-from .approval import ApprovalObject, Verdict, applier, decisions_by_manifest, is_trusted, tally
+from .approval import (
+    ApprovalObject,
+    Decision,
+    Verdict,
+    applier,
+    decisions_by_manifest,
+    is_trusted,
+    tally,
+)
 from .identity import Identity
 from .readers import Held, Reader, blocked_message, finalizer_updates, readers_of
 
@@ -130,6 +138,8 @@ class _State:
     author_problem: str = ""
     verdict: Verdict = field(default_factory=lambda: Verdict("none"))
     approved: bool = False  # the current version may be enforced
+    decisions: list[Decision] = field(default_factory=list)  # stamped Approvals naming this object
+    four_eyes: bool = True
     chosen: ToolManifest | None = None  # what goes to the bundle: current or last approved
     chosen_version: int | None = None
     chosen_digest: str | None = None
@@ -147,10 +157,10 @@ class _State:
         return self.chosen is not None and self.chosen is self.model
 
 
-def _approve(st: _State, decisions: dict[str, list[Any]], settings: Settings) -> None:
+def _approve(st: _State, settings: Settings) -> None:
     """Decide whether the current version may be enforced, and with which lifecycle."""
     assert st.model is not None and st.digest is not None
-    st.verdict = tally(decisions.get(st.obj.name, []), st.digest, st.author, settings.four_eyes)
+    st.verdict = tally(st.decisions, st.digest, st.author, settings.four_eyes)
     trusted = st.model.lifecycle != "draft" and is_trusted(st.author, settings.trusted_appliers)
     st.approved = st.verdict.state == "approved" or (st.verdict.state != "denied" and trusted)
     st.chosen_lifecycle = "deprecated" if st.model.lifecycle == "deprecated" else "approved"
@@ -163,9 +173,10 @@ def plan(namespace: str, manifests: Sequence[ManifestObject], revisions: Sequenc
     by_owner: dict[str, dict[str, Revision]] = {}
     for rev in revisions:
         by_owner.setdefault(rev.owner_uid, {})[rev.checksum] = rev
-    states = [_State(o) for o in sorted(manifests, key=lambda o: (o.created, o.name))]
     trust = settings.stamp_trust or TrustStore()
     decisions, unstamped = decisions_by_manifest(namespace, approvals, trust)
+    states = [_State(o, decisions=decisions.get(o.name, []), four_eyes=settings.four_eyes)
+              for o in sorted(manifests, key=lambda o: (o.created, o.name))]
     enforced_lifecycles = _bundle_lifecycles(current_bundle)
 
     for st in states:
@@ -192,7 +203,7 @@ def plan(namespace: str, manifests: Sequence[ManifestObject], revisions: Sequenc
             known[st.digest] = rev
             out.new_revisions.append(rev)
         st.version = rev.version
-        _approve(st, decisions, settings)
+        _approve(st, settings)
         if st.approved:
             st.chosen, st.chosen_version, st.chosen_digest = model, rev.version, st.digest
 
@@ -266,20 +277,34 @@ def _bundle_lifecycles(bundle: BundleData) -> dict[str, tuple[str, str]]:
 
 def _fall_back(st: _State, by_owner: dict[str, dict[str, Revision]],
                enforced: dict[str, tuple[str, str]]) -> None:
-    """Enforce the version this manifest last published, if it still validates."""
-    last = st.obj.status.get("publishedChecksum")
-    rev = by_owner.get(st.obj.uid, {}).get(last) if isinstance(last, str) else None
+    """Enforce the last approved version other than the current one: the version this
+    manifest last published, unless a deny has struck it since; else the newest version an
+    Approval approved. None of them (or none that still validates): nothing."""
     st.chosen = None
-    if rev is None or (rev.checksum == st.digest and not st.approved):
-        return
-    model, issues = validate_manifest(rev.data)
-    if model is not None and not issues:
+    revisions = by_owner.get(st.obj.uid, {})
+    last = st.obj.status.get("publishedChecksum")
+
+    def verdict(rev: Revision) -> str:
+        author = Identity(rev.author) if rev.author else None
+        return tally(st.decisions, rev.checksum, author, st.four_eyes).state
+
+    candidates = [revisions[last]] if isinstance(last, str) and last in revisions else []
+    candidates = [r for r in candidates if verdict(r) != "denied"]
+    candidates += sorted((r for r in revisions.values() if r.checksum != last and verdict(r) == "approved"),
+                         key=lambda r: -r.version)
+    for rev in candidates:
+        if rev.checksum == st.digest and not st.approved:
+            continue
+        model, issues = validate_manifest(rev.data)
+        if model is None or issues:
+            continue
         st.chosen, st.chosen_version, st.chosen_digest = model, rev.version, rev.checksum
         digest, lifecycle = enforced.get(model.tool, ("", ""))
         if digest == rev.checksum and lifecycle in ("approved", "deprecated"):
             st.chosen_lifecycle = lifecycle
         else:
             st.chosen_lifecycle = "deprecated" if model.lifecycle == "deprecated" else "approved"
+        return
 
 
 def _settle_set(states: list[_State], by_owner: dict[str, dict[str, Revision]],
@@ -442,9 +467,10 @@ def _status(namespace: str, st: _State, entry: BundleEntry | None, key_id: str |
     found = findings.get(st.model.tool, []) if st.model is not None and valid else []
     status: dict[str, Any] = {
         "observedGeneration": gen,
-        "version": st.version if valid else None,
-        "checksum": st.digest if valid else None,
-        "lifecycle": (st.chosen_lifecycle if enforced_now else "draft") if valid else None,
+        # a spec valid alone is a version (approvable) even while the set refuses it
+        "version": st.version if st.model is not None else None,
+        "checksum": st.digest if st.model is not None else None,
+        "lifecycle": (st.chosen_lifecycle if enforced_now else "draft") if st.model is not None else None,
         "keyId": entry.signature.key_id if entry and entry.signature else None,
         "publishedVersion": entry.version if entry else None,
         "publishedChecksum": entry.checksum if entry else None,
