@@ -154,7 +154,8 @@ def test_the_namespace_status_shows_what_each_manifest_waits_for(
     table = rows(ok(unwind("status", "-n", namespace, f"--kubeconfig={alice}")))
     assert table["trusted"][1:] == ["shop.get_order", "1", "1", "enforced", "-"]
     assert table["drafted"][2:] == ["1", "-", "draft", "an approver other than alice, to promote it"]
-    assert table["broken"][2:5] == ["-", "-", "invalid"]
+    # valid alone, refused by the set: a version exists, nothing is enforced
+    assert table["broken"][2:5] == ["1", "-", "invalid"]
     assert table["broken"][5].startswith("fix: compensation.tool: ") and "shop.nothing" in table["broken"][5]
     listed = json.loads(ok(unwind("status", "-n", namespace, f"--kubeconfig={alice}", "-o", "json")))
     assert [(m["name"], m["state"]) for m in listed] == [("broken", "invalid"), ("drafted", "draft"),
