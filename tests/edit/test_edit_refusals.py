@@ -190,3 +190,16 @@ def test_the_json_answer_has_exactly_the_documented_shape() -> None:
         "errors": [],
         "skipped": [],
     }
+
+
+def test_a_rename_to_a_tool_with_no_valid_object_name_leaves_metadata_name_alone() -> None:
+    from unwind.edit import rename
+
+    files = {"m.yaml": "apiVersion: unwind.dev/v1alpha1\nkind: ToolManifest\nmetadata:\n"
+                       "  name: shop.get-order\nspec:\n  tool: shop.get_order\n  effect: read_only\n"
+                       "  permission: shop:read\n"}
+    result = rename(files, "shop.get_order", "_")
+    assert result.success, result.errors
+    assert "  name: shop.get-order\n" in result.files["m.yaml"]  # "-" would not be a valid name
+    back = rename(result.files, "_", "shop.get_order")
+    assert back.files["m.yaml"] == files["m.yaml"]

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from ruamel.yaml.nodes import ScalarNode
 
 from unwind.edit import text as t
-from unwind.edit.references import Place, k8s_name, matches, places, text_of
+from unwind.edit.references import Place, is_object_name, k8s_name, matches, places, text_of
 from unwind.edit.result import Changes, EditError, EditResult, Location, refused, revision
 from unwind.edit.select import Selection, select
 from unwind.edit.source import ParsedFile, ParseError, Unit, parse, removal_ranges
@@ -191,7 +191,9 @@ def _rename(
         for o in found:
             text = files[o.unit.file]
             if o.place.role == "object_name":
-                if o.unit.tool == old and o.value == k8s_name(old) != k8s_name(new):
+                # follow only to a name Kubernetes accepts (a tool "_" has no derived name)
+                if o.unit.tool == old and o.value == k8s_name(old) != k8s_name(new) \
+                        and is_object_name(k8s_name(new)):
                     edits[o.unit.file].append(t.render(text, o.node, o.value, k8s_name(new)))
             elif o.value == old:
                 edit = t.render(text, o.node, old, new)

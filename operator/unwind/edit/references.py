@@ -71,6 +71,14 @@ def k8s_name(tool: str) -> str:
     return re.sub(r"[^a-z0-9.-]", "-", tool.lower())
 
 
+_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+
+
+def is_object_name(name: str) -> bool:
+    """Whether Kubernetes accepts this as an object name (an RFC 1123 subdomain)."""
+    return len(name) <= 253 and _SUBDOMAIN.fullmatch(name) is not None
+
+
 def get(mapping: Any, key: str) -> Any:
     """The value node under `key` in a mapping node, following `<<` merge keys, or None."""
     if not isinstance(mapping, MappingNode):
