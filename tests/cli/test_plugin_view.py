@@ -202,11 +202,12 @@ def test_history_names_the_trusted_applier_of_the_enforced_version() -> None:
 
 
 def test_the_enforced_version_and_its_signer_are_read_from_the_bundle_index_by_source() -> None:
-    entries = [BundleEntry("shop.get_order", 2, B, b"{}", Signature("k2", "sig"), "read"),
-               BundleEntry("shop.list_orders", 1, A, b"{}", None, "list")]
-    index = build_bundle("shop", entries)[BUNDLE_NAME][INDEX_KEY]
+    entries = [BundleEntry("shop.get_order", 2, B, b"{}", "read"),
+               BundleEntry("shop.list_orders", 1, A, b"{}", "list")]
+    index = build_bundle("shop", entries, generation=1, high_water={},
+                         signer=lambda m: Signature("k2", "sig"))[BUNDLE_NAME][INDEX_KEY]
     assert view.enforced_from_index(index, "read") == view.Enforced(2, B, "k2")
-    assert view.enforced_from_index(index, "list") == view.Enforced(1, A, None)
+    assert view.enforced_from_index(index, "list") == view.Enforced(1, A, "k2")
     assert view.enforced_from_index(index, "nope") is None
     assert view.enforced_from_index("not json", "read") is None
 

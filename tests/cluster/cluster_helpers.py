@@ -71,7 +71,8 @@ def trust(api: client.ApiClient) -> TrustStore:
 
 
 def enforced(api: client.ApiClient, namespace: str) -> dict[str, int]:
-    return {t: m.version for t, m in load_bundle(bundle(api, namespace), trust(api)).items()}
+    loaded = load_bundle(bundle(api, namespace), trust(api), namespace=namespace)
+    return {t: m.version for t, m in loaded.manifests.items()}
 
 
 READ = {"tool": "shop.get_order", "effect": "read_only", "permission": "shop:read"}

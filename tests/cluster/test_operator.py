@@ -31,7 +31,7 @@ from cluster_helpers import (
 )
 from kubernetes import client
 
-from unwind.bundle import BUNDLE_NAME
+from unwind.bundle import BUNDLE_NAME, BundleError, load_bundle
 from unwind.controlplane.dev import OPERATOR_NAMESPACE, OperatorProcess, kubectl
 
 
@@ -114,6 +114,16 @@ def test_a_draft_is_not_in_the_bundle(
     wait_for("bundle", lambda: enforced(k8s_api, namespace) == {"shop.get_order": 1})
 
 
+def verified(api: client.ApiClient, namespace: str) -> dict[str, str] | None:
+    """The root's data when the whole bundle verifies, else None."""
+    data = bundle(api, namespace)
+    try:
+        load_bundle(data, trust(api), namespace=namespace)
+    except BundleError:
+        return None
+    return data[BUNDLE_NAME]
+
+
 def test_a_hand_edited_bundle_is_detected_and_rewritten(
         operator: OperatorProcess, kubeconfig: Path, k8s_api: client.ApiClient, namespace: str) -> None:
     apply(kubeconfig, namespace, tm("read", READ))
@@ -122,7 +132,23 @@ def test_a_hand_edited_bundle_is_detected_and_rewritten(
     key = next(k for k in good[BUNDLE_NAME] if k != "index.json")
     tampered = good[BUNDLE_NAME][key].replace("shop:read", "shop:admin")
     client.CoreV1Api(k8s_api).patch_namespaced_config_map(BUNDLE_NAME, namespace, {"data": {key: tampered}})
-    wait_for("rewritten", lambda: bundle(k8s_api, namespace) == good)
+    wait_for("rewritten", lambda: (root := verified(k8s_api, namespace)) and root[key] == good[BUNDLE_NAME][key])
+    assert enforced(k8s_api, namespace) == {"shop.get_order": 1}
+
+
+def test_a_bundle_stripped_of_its_label_or_made_immutable_is_replaced_not_frozen(
+        operator: OperatorProcess, kubeconfig: Path, k8s_api: client.ApiClient, namespace: str) -> None:
+    core = client.CoreV1Api(k8s_api)
+    apply(kubeconfig, namespace, tm("read", READ))
+    wait_for("published", lambda: enforced(k8s_api, namespace) == {"shop.get_order": 1})
+    core.patch_namespaced_config_map(BUNDLE_NAME, namespace,
+                                     {"metadata": {"labels": {"unwind.dev/bundle": None}}, "immutable": True})
+    apply(kubeconfig, namespace, tm("list", {**READ, "tool": "shop.list_orders"}))
+    wait_for("the new tool published", lambda: "shop.list_orders" in enforced(k8s_api, namespace))
+    cm = core.read_namespaced_config_map(BUNDLE_NAME, namespace)
+    assert cm.metadata.labels["unwind.dev/bundle"] == "true" and not cm.immutable
+    events = core.list_namespaced_event(namespace, field_selector=f"involvedObject.name={BUNDLE_NAME}")
+    assert any(e.type == "Warning" and e.reason == "BundleReplaced" for e in events.items)
 
 
 def test_deleting_a_manifest_removes_it_from_the_bundle(
@@ -158,14 +184,19 @@ def test_the_operator_killed_refuses_applies_and_restarted_converges_without_ext
     wait_for("version 2", lambda: enforced(k8s_api, namespace).get("shop.create_order") == 2)
     apply(kubeconfig, namespace, tm("create", CREATE))  # back to the first spec
     wait_for("version 1 again", lambda: enforced(k8s_api, namespace).get("shop.create_order") == 1)
+    wait_for("create ready", lambda: (o := settled(k8s_api, namespace, "create"))
+             and o["status"].get("publishedVersion") == 1)
+    settled_bundle = bundle(k8s_api, namespace)
     operator.stop(sig=9)
     operator.start()
     time.sleep(2)  # a restarted operator re-lists everything; give it time to (not) write
     after = (revisions(k8s_api, namespace), bundle(k8s_api, namespace),
              {n: get(k8s_api, namespace, n)["status"] for n in ("read", "cancel")})
     assert len(after[0]) == len(before[0]) + 1  # only the one real edit made a version
-    assert after[1] == before[1]
+    assert after[1] == settled_bundle  # nothing rewritten after the restart
     assert after[2] == {k: before[2][k] for k in ("read", "cancel")}
+    # the number 2 stays taken: the signed index remembers it, so it is never reused
+    assert load_bundle(after[1], trust(k8s_api), namespace=namespace).high_water["shop.create_order"] == 2
 
 
 def test_the_signing_key_lives_in_a_secret_and_its_public_half_in_the_trust_configmap(

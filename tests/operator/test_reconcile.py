@@ -22,7 +22,11 @@ KID = key_id(KEY.public_key())
 TRUST = TrustStore([KEY.public_key()])
 NOW = "2026-11-30T00:00:00Z"
 ARGO = "system:serviceaccount:argocd:argocd-application-controller"
-SETTINGS = Settings(trusted_appliers=(ARGO,), stamp_trust=TRUST)
+SETTINGS = Settings(trusted_appliers=(ARGO,), trust=TRUST)
+
+
+def load(bundle: dict[str, dict[str, str]], trust: TrustStore = TRUST) -> Any:
+    return load_bundle(bundle, trust, namespace="shop")
 
 
 def signer(message: bytes) -> Any:
@@ -67,6 +71,7 @@ class Cluster:
         self.bundle: dict[str, dict[str, str]] = {}
         self.bundle_writes = 0
         self.approvals: list[ApprovalObject] = []
+        self.clock = 0  # ms, as the planner's now_ms
         for name, spec in specs.items():
             self.apply(name, spec)
 
@@ -98,8 +103,9 @@ class Cluster:
                                              spec, annotations))
 
     def reconcile(self, settings: Settings | None = None) -> Plan:
+        self.clock += 1
         result = plan("shop", list(self.objects.values()), self.revisions, self.bundle,
-                      signer, KID, settings or SETTINGS, NOW, self.approvals)
+                      signer, KID, settings or SETTINGS, NOW, self.approvals, now_ms=self.clock)
         self.revisions.extend(result.new_revisions)
         for name, patch in result.statuses.items():
             o = self.objects[name]
@@ -118,7 +124,7 @@ class Cluster:
         return next(c for c in self.objects[name].status["conditions"] if c["type"] == type_)
 
     def enforced(self) -> dict[str, int]:
-        return {tool: m.version for tool, m in load_bundle(self.bundle, TRUST).items()}
+        return {tool: m.version for tool, m in load(self.bundle).manifests.items()}
 
 
 def test_valid_manifests_are_versioned_signed_and_published() -> None:
@@ -205,10 +211,12 @@ def test_a_hand_edited_bundle_is_rewritten() -> None:
     good = copy.deepcopy(c.bundle)
     key = next(k for k in c.bundle[BUNDLE_NAME] if k != INDEX_KEY)
     c.bundle[BUNDLE_NAME][key] = c.bundle[BUNDLE_NAME][key].replace("shop:read", "shop:*")
-    with pytest.raises(BundleError, match="checksum mismatch"):
-        load_bundle(c.bundle, TRUST)
+    with pytest.raises(BundleError, match="checksum_mismatch"):
+        load(c.bundle)
     result = c.reconcile()
-    assert result.bundle == good
+    assert result.bundle is not None
+    assert load(result.bundle).manifests == load(good).manifests
+    assert load(result.bundle).generation > load(good).generation
 
 
 def test_the_second_manifest_for_a_tool_is_refused() -> None:
@@ -272,7 +280,7 @@ def test_the_authors_own_approval_does_not_count_under_four_eyes() -> None:
     c.reconcile()
     assert c.enforced() == {}
     assert "Approval alice-0 is by alice, who last changed the spec" in c.condition("read", "Approved")["message"]
-    c.reconcile(Settings(trusted_appliers=(), four_eyes=False, stamp_trust=TRUST))
+    c.reconcile(Settings(trusted_appliers=(), four_eyes=False, trust=TRUST))
     assert c.enforced() == {"shop.get_order": 1}
 
 
@@ -334,14 +342,14 @@ def test_an_approved_draft_is_enforced_as_approved() -> None:
     assert c.condition("read", "Ready")["reason"] == "DraftRecorded"
     c.decide("read", "bob")
     c.reconcile()
-    assert load_bundle(c.bundle, TRUST)["shop.get_order"].lifecycle == "approved"
+    assert load(c.bundle).manifests["shop.get_order"].lifecycle == "approved"
 
 
 def test_a_deprecated_version_is_enforced_as_deprecated() -> None:
     c = Cluster(read=READ, new={**READ, "tool": "shop.get_order_v2"})
     c.apply("read", {**READ, "lifecycle": "deprecated", "replaced_by": "shop.get_order_v2"})
     c.reconcile()
-    assert load_bundle(c.bundle, TRUST)["shop.get_order"].lifecycle == "deprecated"
+    assert load(c.bundle).manifests["shop.get_order"].lifecycle == "deprecated"
     assert c.objects["read"].status["lifecycle"] == "deprecated"
 
 
@@ -356,8 +364,8 @@ def test_a_large_bundle_is_sharded_and_still_verifies() -> None:
 def test_a_signature_from_another_key_is_refused() -> None:
     c = Cluster(read=READ)
     c.reconcile()
-    with pytest.raises(BundleError, match="signature untrusted"):
-        load_bundle(c.bundle, TrustStore([Ed25519PrivateKey.generate().public_key()]))
+    with pytest.raises(BundleError, match="untrusted_key"):
+        load(c.bundle, TrustStore([Ed25519PrivateKey.generate().public_key()]))
 
 
 def test_lint_findings_are_reported_in_status() -> None:
@@ -485,3 +493,102 @@ def test_a_version_that_breaks_the_set_still_shows_its_version_and_checksum() ->
     status = c.objects["create"].status
     assert c.condition("create", "Valid")["reason"] == "SetValidationFailed"
     assert status["version"] == 1 and status["checksum"] == version_of(CREATE)
+
+
+# ---- faults and attacks (issues 8 and 9) ------------------------------------------------
+
+def test_a_tool_deleted_and_recreated_never_reuses_a_version_number() -> None:
+    c = Cluster(read=READ)
+    c.reconcile()
+    c.apply("read", {**READ, "description": "v2"})
+    c.reconcile()
+    assert c.enforced() == {"shop.get_order": 2}
+    c.delete("read")
+    c.reconcile()
+    c.apply("read", {**READ, "description": "v3, new object"})
+    c.reconcile()
+    assert c.enforced() == {"shop.get_order": 3}  # not 1 again: the signed index remembers
+    assert load(c.bundle).high_water["shop.get_order"] == 3
+
+
+def test_a_duplicate_taking_over_a_tool_continues_its_version_numbers() -> None:
+    c = Cluster(a=READ)
+    c.reconcile()
+    c.apply("b", {**READ, "description": "younger duplicate"})
+    c.reconcile()
+    c.delete("a")
+    c.reconcile()
+    assert c.enforced() == {"shop.get_order": 2}
+
+
+def test_a_deleted_revision_of_the_published_version_is_restored_from_the_signed_bundle() -> None:
+    c = Cluster(read=READ)
+    c.reconcile()
+    gone = c.revisions.pop()
+    c.apply("read", {**READ, "retry": {"attempts": 99}})  # now invalid: the fallback needs v1
+    result = c.reconcile()
+    assert [r.name for r in result.new_revisions] == [gone.name]
+    assert result.new_revisions[0].data == gone.data and result.new_revisions[0].version == 1
+    assert any(e.reason == "RevisionRestored" for e in result.events)
+    assert c.enforced() == {"shop.get_order": 1}
+
+
+def test_a_revision_whose_data_does_not_match_its_checksum_is_never_signed() -> None:
+    c = Cluster(read=READ)
+    c.reconcile()
+    honest = c.revisions[0]
+    forged = Revision(honest.name, honest.owner, honest.owner_uid, honest.version, honest.checksum,
+                      {**honest.data, "permission": "shop:admin"})
+    c.revisions = [forged]
+    c.apply("read", {**READ, "retry": {"attempts": 99}})
+    result = c.reconcile()
+    assert any(e.reason == "RevisionIgnored" for e in result.events)
+    bundle = load(c.bundle).manifests
+    assert "shop.get_order" not in bundle or bundle["shop.get_order"].permission == "shop:read"
+
+
+def test_revision_names_of_the_longest_manifest_names_are_valid_object_names() -> None:
+    import re
+
+    from unwind.operator.reconcile import revision_name
+
+    subdomain = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+    for name in ("a" * 253, "a" * 239 + "." + "b" * 13, "x" * 240 + "-" + "y" * 12, "short"):
+        rev = revision_name(name, "sha256:" + "f" * 64)
+        assert len(rev) <= 253 and subdomain.fullmatch(rev), rev
+    assert revision_name("a" * 239 + ".b" * 7, "sha256:" + "0" * 64) != revision_name(
+        "a" * 239 + ".c" * 7, "sha256:" + "0" * 64)
+
+
+def test_a_terminating_namespace_creates_nothing_and_releases_the_readers_finalizer() -> None:
+    c = Cluster(read=READ, cancel=CANCEL, create=CREATE)
+    c.reconcile()
+    for name in ("cancel", "create"):
+        c.mark_deleting(name)
+    c.apply("read", {**READ, "description": "edited while the namespace goes"})
+    result = plan("shop", list(c.objects.values()), c.revisions, c.bundle, signer, KID, SETTINGS, NOW,
+                  now_ms=10, terminating=True)
+    assert result.new_revisions == [] and result.bundle is None
+    assert result.finalizers["cancel"][1] == []
+
+
+def test_the_readers_finalizer_lands_on_the_manifest_in_force_not_a_younger_duplicate() -> None:
+    c = Cluster(cancel=CANCEL, create=CREATE)
+    c.reconcile()
+    c.apply("cancel-draft", {**CANCEL, "lifecycle": "draft"})
+    result = c.reconcile()
+    assert "cancel-draft" not in result.finalizers
+    assert FINALIZER in c.objects["cancel"].finalizers
+    c.mark_deleting("cancel")
+    c.reconcile()
+    assert c.enforced()["shop.cancel_order"] == 1  # held: create still reads it
+
+
+def test_the_generation_goes_up_with_every_change_and_an_unchanged_namespace_writes_nothing() -> None:
+    c = Cluster(read=READ)
+    c.reconcile()
+    first = load(c.bundle).generation
+    assert c.reconcile().bundle is None
+    c.apply("read", {**READ, "description": "changed"})
+    c.reconcile()
+    assert load(c.bundle).generation > first

@@ -188,11 +188,13 @@ def enforced_from_index(index_text: str, manifest: str) -> Enforced | None:
         index = json.loads(index_text)
     except ValueError:
         return None
-    tools = index.get("tools") if isinstance(index, dict) else None
-    for entry in (tools or {}).values():
+    if not isinstance(index, dict):
+        return None
+    sig = index.get("signature")  # one signature over the whole index binds every entry
+    key = sig.get("key_id") if isinstance(sig, dict) else None
+    # a sharded bundle keeps its entries in the shards: the caller falls back to the status
+    for entry in (index.get("tools") or {}).values():
         if isinstance(entry, dict) and entry.get("source") == manifest:
-            sig = entry.get("signature")
-            key = sig.get("key_id") if isinstance(sig, dict) else None
             return Enforced(int(entry.get("version") or 0), str(entry.get("checksum")), key)
     return None
 

@@ -70,7 +70,8 @@ def bundle_tools(api: client.ApiClient) -> int:
     trust_cm = core.read_namespaced_config_map("unwind-trust", OPERATOR_NAMESPACE)
     trust = TrustStore.from_pem_text("\n".join(trust_cm.data.values()))
     try:
-        return len(load_bundle({c.metadata.name: dict(c.data or {}) for c in cms.items}, trust))
+        return len(load_bundle({c.metadata.name: dict(c.data or {}) for c in cms.items}, trust,
+                               namespace=NAMESPACE).manifests)
     except BundleError:
         return 0
 

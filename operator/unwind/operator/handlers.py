@@ -10,6 +10,7 @@ arrives while a reconcile runs marks the namespace dirty again, so nothing is lo
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import socket
@@ -29,7 +30,7 @@ from .hooks import Admission, WebhookConfig, reader
 from .keys import ensure_signing_key, publish_trust
 from .kube import APPROVALS, BUNDLE_LABEL, PLURAL, Kube
 from .leader import Elector, Timing
-from .reconcile import Settings, plan
+from .reconcile import Settings, failure_statuses, plan
 from .webhook import TLSKeeper, WebhookServer
 
 log = logging.getLogger("unwind.operator")
@@ -53,7 +54,7 @@ class Config:
 class Namespaces:
     """Dirty flags and one reconcile loop per namespace."""
 
-    reconcile: Any  # async (namespace) -> None
+    reconcile: Any  # async (namespace, first_seen) -> bool: False once the namespace is gone
     window: float
     leading: asyncio.Event | None = None  # reconcile only while this replica leads
     dirty: dict[str, float] = field(default_factory=dict)  # namespace -> first change seen
@@ -85,20 +86,22 @@ class Namespaces:
                 await self.leading.wait()
             first = self.dirty.pop(namespace, time.monotonic())
             try:
-                await self.reconcile(namespace, first)
+                if not await self.reconcile(namespace, first):
+                    log.info("namespace %s is gone; stopped reconciling it", namespace)
+                    return
                 backoff = 1.0
                 continue
             except ApiException as exc:
-                if _namespace_gone(exc):
-                    log.info("namespace %s is gone or terminating; stopped reconciling it", namespace)
-                    return
                 why = f"{exc.status} {exc.reason}"
             except Exception as exc:  # retried: temporary trouble must not stop the loop
                 why = str(exc)
             metrics.RECONCILES.labels("error").inc()
             log.warning("reconcile of namespace %s failed, retrying in %.0fs: %s", namespace, backoff, why)
             self.dirty.setdefault(namespace, first)
-            await asyncio.sleep(backoff)
+            # A new change wakes the retry at once (it may be the fix); a failure that stays
+            # keeps doubling the wait.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(wake.wait(), timeout=backoff)
             backoff = min(backoff * 2, 60.0)
             wake.set()
 
@@ -108,30 +111,37 @@ class Namespaces:
         await asyncio.gather(*self.tasks.values(), return_exceptions=True)
 
 
-def _namespace_gone(exc: ApiException) -> bool:
-    body = str(exc.body or "")
-    return (exc.status == 404 and '"kind":"namespaces"' in body.replace(" ", "")) or (
-        exc.status == 403 and "because it is being terminated" in body)
-
-
 def reconcile_namespace(kube: Kube, namespace: str, signer: Any, kid: str | None,
-                        settings: Settings, first_seen: float) -> None:
-    """Gather → plan → write. Runs in a thread: the Kubernetes client is synchronous."""
+                        settings: Settings, first_seen: float) -> bool:
+    """Gather → plan → write. Runs in a thread: the Kubernetes client is synchronous.
+    Returns False once the namespace is gone (nothing left to reconcile)."""
     with metrics.RECONCILE_SECONDS.time():
         snap = kube.snapshot(namespace)
-        result = plan(namespace, snap.manifests, snap.revisions, snap.bundle, signer, kid, settings,
-                      now_rfc3339(), snap.approvals)
-        kube.create_revisions(namespace, result.new_revisions)
-        kube.patch_finalizers(namespace, result.finalizers)  # before statuses: it needs the old rv
+        if snap.gone:
+            return False
+        now = now_rfc3339()
+        result = plan(namespace, snap.manifests, snap.revisions, snap.bundle, signer, kid, settings, now,
+                      snap.approvals, now_ms=int(time.time() * 1000), terminating=snap.terminating)
+        # Finalizers first: in a terminating namespace nothing else may be written, and they
+        # must go for the namespace to finish.
+        failed = kube.patch_finalizers(namespace, result.finalizers)
+        failed |= kube.create_revisions(namespace, result.new_revisions)
         if result.bundle is not None:
-            writes = kube.write_bundle(namespace, result.bundle, snap.bundle, snap.versions)
+            writes, events = kube.write_bundle(namespace, result.bundle, snap.bundle, snap.versions, snap.stale)
+            result.events.extend(events)
             metrics.BUNDLE_WRITES.labels(namespace).inc(writes)
             metrics.BUNDLE_LATENCY.observe(time.monotonic() - first_seen)
             log.info("namespace %s: bundle written with %d tools", namespace, result.published)
-        kube.patch_statuses(namespace, result.statuses)
+        failed |= kube.patch_statuses(namespace, result.statuses)
         metrics.STATUS_PATCHES.inc(len(result.statuses))
+        if failed:
+            statuses, events = failure_statuses(snap.manifests, result.statuses, failed, now)
+            kube.patch_statuses(namespace, statuses)
+            result.events.extend(events)
+            log.warning("namespace %s: writes refused for %s", namespace, ", ".join(sorted(failed)))
         kube.post_events(namespace, result.events, {m.name: m.uid for m in snap.manifests})
     metrics.RECONCILES.labels("ok").inc()
+    return True
 
 
 def build_registry(config: Config, api: client.ApiClient) -> kopf.OperatorRegistry:
@@ -142,9 +152,9 @@ def build_registry(config: Config, api: client.ApiClient) -> kopf.OperatorRegist
     tls = TLSKeeper(api, config.operator_namespace, config.webhook.names, config.webhook.configurations,
                     config.webhook.lifetimes)
 
-    async def reconcile(namespace: str, first_seen: float) -> None:
-        await asyncio.to_thread(reconcile_namespace, kube, namespace, state["signer"], state["kid"],
-                                state["settings"], first_seen)
+    async def reconcile(namespace: str, first_seen: float) -> bool:
+        return await asyncio.to_thread(reconcile_namespace, kube, namespace, state["signer"], state["kid"],
+                                       state["settings"], first_seen)
 
     namespaces = Namespaces(reconcile, config.bundle_window, elector.leading)
     admission = Admission(reader(kube), config.operator_namespace, config.four_eyes)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -20,7 +20,7 @@ from kubernetes.client.exceptions import ApiException
 
 from .. import API_GROUP, API_VERSION
 from ..api.conditions import now_rfc3339
-from ..bundle import BUNDLE_NAME, SHARD_PREFIX, BundleData
+from ..bundle import BUNDLE_NAME, SHARD_PREFIX, BundleData, BundleError, read_root
 from .approval import ApprovalObject
 from .identity import APPLIED, APPROVER
 from .reconcile import Event, ManifestObject, Revision
@@ -44,6 +44,13 @@ def _json(response: Any) -> Any:
         response.release_conn()
 
 
+def _message(exc: ApiException) -> str:
+    try:
+        return str(json.loads(exc.body or "{}").get("message") or exc.reason)
+    except (ValueError, AttributeError):
+        return str(exc.reason)
+
+
 def _discard(response: Any) -> None:
     """Read and drop an answer we do not need (an unread body would poison the pooled
     connection for the next request)."""
@@ -57,9 +64,12 @@ def _discard(response: Any) -> None:
 class Snapshot:
     manifests: list[ManifestObject]
     revisions: list[Revision]
-    bundle: BundleData
+    bundle: BundleData  # unwind-bundle and the shards its index names, read by name
     versions: dict[str, str]  # bundle ConfigMap name -> resourceVersion
     approvals: list[ApprovalObject]
+    terminating: bool = False  # the namespace is being deleted
+    gone: bool = False  # the namespace does not exist any more
+    stale: tuple[str, ...] = ()  # labelled shard ConfigMaps the current index does not name
 
 
 def _kept(meta: dict[str, Any], keys: tuple[str, ...]) -> dict[str, str]:
@@ -102,14 +112,55 @@ class Kube:
                 revisions.append(Revision(meta["name"], owner["name"], owner["uid"], int(r["revision"]),
                                           ann.get(CHECKSUM_ANNOTATION, ""), r.get("data") or {},
                                           ann.get(AUTHOR_ANNOTATION, "")))
-        cms = list(self._pages(self.core.list_namespaced_config_map, namespace, label_selector=BUNDLE_LABEL))
-        bundle = {cm["metadata"]["name"]: dict(cm.get("data") or {}) for cm in cms}
-        versions = {cm["metadata"]["name"]: cm["metadata"]["resourceVersion"] for cm in cms}
+        bundle, versions, stale = self._bundle(namespace)
         approvals = [ApprovalObject(a["metadata"]["name"], a["metadata"].get("creationTimestamp") or "",
                                     a.get("spec"), _kept(a["metadata"], APPROVER.all()))
                      for a in self._pages(self.custom.list_namespaced_custom_object,
                                           API_GROUP, API_VERSION, namespace, APPROVALS)]
-        return Snapshot(manifests, revisions, bundle, versions, approvals)
+        phase = self._phase(namespace)
+        return Snapshot(manifests, revisions, bundle, versions, approvals, phase == "Terminating",
+                        phase is None, stale)
+
+    def _phase(self, namespace: str) -> str | None:
+        try:
+            ns = _json(self.core.read_namespace(namespace, _preload_content=False))
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        return str((ns.get("status") or {}).get("phase") or "Active")
+
+    def _read_config_map(self, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            return dict(_json(self.core.read_namespaced_config_map(name, namespace, _preload_content=False)))
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def _bundle(self, namespace: str) -> tuple[BundleData, dict[str, str], tuple[str, ...]]:
+        """The bundle by name: unwind-bundle, then each shard its index names (whatever labels
+        they carry: removing a label must not hide the bundle from its writer), and the
+        labelled shards it does not name (left over, to delete)."""
+        found: dict[str, dict[str, Any]] = {}
+        root = self._read_config_map(namespace, BUNDLE_NAME)
+        if root is not None:
+            found[BUNDLE_NAME] = root
+            try:
+                named = [str(s.get("name")) for s in read_root({BUNDLE_NAME: dict(root.get("data") or {})})
+                         .get("shards") or [] if isinstance(s, dict)]
+            except BundleError:
+                named = []
+            for name in named:
+                if name.startswith(SHARD_PREFIX) and name not in found:
+                    shard = self._read_config_map(namespace, name)
+                    if shard is not None:
+                        found[name] = shard
+        labelled = [cm["metadata"]["name"] for cm in
+                    self._pages(self.core.list_namespaced_config_map, namespace, label_selector=BUNDLE_LABEL)]
+        stale = tuple(n for n in labelled if n.startswith(SHARD_PREFIX) and n not in found)
+        return ({n: dict(cm.get("data") or {}) for n, cm in found.items()},
+                {n: cm["metadata"]["resourceVersion"] for n, cm in found.items()}, stale)
 
     @staticmethod
     def _pages(call: Any, *args: Any, **kwargs: Any) -> Iterator[dict[str, Any]]:
@@ -124,7 +175,26 @@ class Kube:
                 return
 
     # ---- write ----------------------------------------------------------------------
-    def create_revisions(self, namespace: str, revisions: Iterable[Revision]) -> None:
+    def _each(self, items: Iterable[tuple[str, Any]], write: Callable[[Any], None],
+              ignore: tuple[int, ...]) -> dict[str, str]:
+        """Run one write per object on the pool. A refusal that only that object can fix (any
+        other 4xx) is returned by object name, so one bad object never stops its namespace;
+        ``ignore`` statuses mean done; 429 and 5xx are raised: the reconcile is retried."""
+        def one(item: tuple[str, Any]) -> tuple[str, str] | None:
+            name, value = item
+            try:
+                write(value)
+            except ApiException as exc:
+                if exc.status in ignore:
+                    return None
+                if exc.status is not None and 400 <= exc.status < 500 and exc.status != 429:
+                    return name, f"{exc.status} {exc.reason}: {_message(exc)}"
+                raise
+            return None
+        return dict(r for r in self.pool.map(one, items) if r is not None)
+
+    def create_revisions(self, namespace: str, revisions: Iterable[Revision]) -> dict[str, str]:
+        """Create each version's ControllerRevision; returns failures by ToolManifest name."""
         def create(rev: Revision) -> None:
             body = {
                 "apiVersion": "apps/v1", "kind": "ControllerRevision",
@@ -135,92 +205,95 @@ class Kube:
                              "ownerReferences": [{"apiVersion": f"{API_GROUP}/{API_VERSION}",
                                                   "kind": "ToolManifest", "name": rev.owner,
                                                   "uid": rev.owner_uid}]},
-                "revision": rev.version, "data": rev.data,
+                # data in the server's canonical order (sorted keys): a later metadata patch
+                # then compares it as unchanged (ControllerRevision data is immutable)
+                "revision": rev.version, "data": json.loads(json.dumps(rev.data, sort_keys=True)),
             }
-            try:
-                _discard(self.apps.create_namespaced_controller_revision(
-                    namespace, body, _preload_content=False))
-            except ApiException as exc:
-                if exc.status != 409:  # 409: recorded by an earlier run; revisions are immutable
-                    raise
-        list(self.pool.map(create, revisions))
+            _discard(self.apps.create_namespaced_controller_revision(namespace, body, _preload_content=False))
+        # 409: recorded by an earlier run; revisions are immutable
+        return self._each(((r.owner, r) for r in revisions), create, ignore=(409,))
 
-    def patch_finalizers(self, namespace: str, updates: dict[str, tuple[str, list[str]]]) -> None:
+    def patch_finalizers(self, namespace: str, updates: dict[str, tuple[str, list[str]]]) -> dict[str, str]:
         """Set each object's finalizers, conditional on the resourceVersion the plan saw (a
         concurrent change makes this 409, and the next reconcile decides again)."""
         def patch(item: tuple[str, tuple[str, list[str]]]) -> None:
             name, (rv, finalizers) = item
             body = {"metadata": {"resourceVersion": rv, "finalizers": finalizers or None}}
-            try:
-                _discard(self.custom.patch_namespaced_custom_object(
-                    API_GROUP, API_VERSION, namespace, PLURAL, name, body, _preload_content=False))
-            except ApiException as exc:
-                if exc.status != 404:
-                    raise
-        list(self.pool.map(patch, updates.items()))
+            _discard(self.custom.patch_namespaced_custom_object(
+                API_GROUP, API_VERSION, namespace, PLURAL, name, body, _preload_content=False))
+        return self._each(((n, (n, u)) for n, u in updates.items()), patch, ignore=(404, 409))
 
-    def patch_statuses(self, namespace: str, statuses: dict[str, dict[str, Any]]) -> None:
+    def patch_statuses(self, namespace: str, statuses: dict[str, dict[str, Any]]) -> dict[str, str]:
         def patch(item: tuple[str, dict[str, Any]]) -> None:
             name, status = item
-            try:
-                _discard(self.custom.patch_namespaced_custom_object_status(
-                    API_GROUP, API_VERSION, namespace, PLURAL, name, {"status": status},
-                    _preload_content=False))
-            except ApiException as exc:
-                if exc.status != 404:  # deleted meanwhile: nothing to report on
-                    raise
-        list(self.pool.map(patch, statuses.items()))
+            _discard(self.custom.patch_namespaced_custom_object_status(
+                API_GROUP, API_VERSION, namespace, PLURAL, name, {"status": status}, _preload_content=False))
+        # 404: deleted meanwhile, nothing to report on
+        return self._each(((n, (n, st)) for n, st in statuses.items()), patch, ignore=(404,))
 
     def write_bundle(self, namespace: str, bundle: BundleData, current: BundleData,
-                     versions: dict[str, str]) -> int:
-        """Shards first, then the index in one update, then stale shards. Returns writes."""
-        writes = 0
+                     versions: dict[str, str], stale: Iterable[str] = ()) -> tuple[int, list[Event]]:
+        """Shards first, then the index in one update, then shards no index names any more.
+        A ConfigMap that cannot be updated in place (made immutable by hand, or created by
+        someone else) is replaced: deleted and created, with a Warning event. Returns the
+        number of writes and the events to post."""
+        writes, events = 0, []
         labels = {**MANAGED, BUNDLE_LABEL: "true"}
-        for name, data in bundle.items():
-            if name == BUNDLE_NAME or current.get(name) == data:
+        for name, data in sorted(bundle.items(), key=lambda item: item[0] == BUNDLE_NAME):
+            if current.get(name) == data and name in versions:
                 continue
-            body = client.V1ConfigMap(metadata=client.V1ObjectMeta(name=name, labels=labels),
-                                      data=data, immutable=True)
-            try:
-                self.core.create_namespaced_config_map(namespace, body)
-                writes += 1
-            except ApiException as exc:
-                if exc.status != 409:
-                    raise
-                # Content-addressed: the same name normally holds the same bytes already.
-                # Only a shard edited by hand is replaced (it is immutable, so delete+create).
-                existing = _json(self.core.read_namespaced_config_map(name, namespace, _preload_content=False))
-                if existing.get("data") != data:
-                    self.core.delete_namespaced_config_map(name, namespace)
-                    self.core.create_namespaced_config_map(namespace, body)
-                    writes += 1
-        main = client.V1ConfigMap(
-            metadata=client.V1ObjectMeta(name=BUNDLE_NAME, labels=labels,
-                                         resource_version=versions.get(BUNDLE_NAME)),
-            data=bundle[BUNDLE_NAME])
-        if BUNDLE_NAME in current:
-            self.core.replace_namespaced_config_map(BUNDLE_NAME, namespace, main)
-        else:
-            self.core.create_namespaced_config_map(namespace, main)
-        writes += 1
-        for name in current:
-            if name.startswith(SHARD_PREFIX) and name not in bundle:
+            body = client.V1ConfigMap(metadata=client.V1ObjectMeta(
+                name=name, labels=labels,
+                # the index is conditional on what the plan saw; shards are simply ours
+                resource_version=versions.get(name) if name == BUNDLE_NAME else None), data=data)
+            replaced = self._put_config_map(namespace, name, body, exists=name in versions)
+            writes += 1
+            if replaced:
+                events.append(Event(name, "Warning", "BundleReplaced", f"ConfigMap {name} could not be "
+                                    f"updated ({replaced}): it was deleted and written again; a bundle "
+                                    "is written only by the Unwind operator", kind="ConfigMap"))
+        for name in {*current, *stale} - set(bundle):
+            if name.startswith(SHARD_PREFIX):
                 try:
                     self.core.delete_namespaced_config_map(name, namespace)
                 except ApiException as exc:
                     if exc.status != 404:
                         raise
-        return writes
+        return writes, events
+
+    def _put_config_map(self, namespace: str, name: str, body: Any, exists: bool) -> str:
+        """Create or update; on a 409/422 that retrying cannot fix, delete and create. Returns
+        why it had to replace the object, or ""."""
+        try:
+            if exists:
+                self.core.replace_namespaced_config_map(name, namespace, body)
+            else:
+                self.core.create_namespaced_config_map(namespace, body)
+            return ""
+        except ApiException as exc:
+            if exists and exc.status == 409:
+                raise  # changed since the snapshot: the next reconcile decides again
+            if exc.status not in (409, 422):
+                raise
+            why = f"{exc.status} {exc.reason}"
+        body.metadata.resource_version = None
+        try:
+            self.core.delete_namespaced_config_map(name, namespace)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+        self.core.create_namespaced_config_map(namespace, body)
+        return why
 
     def post_events(self, namespace: str, events: Iterable[Event], uids: dict[str, str]) -> None:
         def post(event: Event) -> None:
             now = now_rfc3339()
             body = {
                 "apiVersion": "v1", "kind": "Event",
-                "metadata": {"generateName": f"{event.name[:200]}.", "namespace": namespace},
-                "involvedObject": {"apiVersion": f"{API_GROUP}/{API_VERSION}", "kind": "ToolManifest",
-                                   "name": event.name, "namespace": namespace,
-                                   "uid": uids.get(event.name, "")},
+                "metadata": {"generateName": f"{event.name[:200].rstrip('.-')}.", "namespace": namespace},
+                "involvedObject": {"apiVersion": "v1" if event.kind == "ConfigMap" else f"{API_GROUP}/{API_VERSION}",
+                                   "kind": event.kind, "name": event.name, "namespace": namespace,
+                                   "uid": uids.get(event.name, "") if event.kind == "ToolManifest" else ""},
                 "type": event.type, "reason": event.reason, "message": event.message[:1024],
                 "source": {"component": COMPONENT}, "reportingComponent": COMPONENT,
                 "firstTimestamp": now, "lastTimestamp": now, "count": 1,

@@ -44,8 +44,13 @@ class Held:
 
 
 def readers_of(objects: Sequence[Held]) -> dict[str, list[Reader]]:
-    """For each object name, the live objects that name its tool (sorted, no duplicates)."""
-    owner = {o.tool: o.name for o in objects if o.tool is not None}
+    """For each object name, the live objects that name its tool (sorted, no duplicates).
+    ``objects`` come oldest first: the owner of a tool is the oldest object declaring it, the
+    one that wins the duplicate rule, so the finalizer lands on the manifest in force."""
+    owner: dict[str, str] = {}
+    for o in objects:
+        if o.tool is not None:
+            owner.setdefault(o.tool, o.name)
     found: dict[str, set[Reader]] = {}
     for o in objects:
         if o.deleting:

@@ -16,19 +16,30 @@ plan says changed. Everything that decides anything is here, tested without a cl
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..api.conditions import set_condition
-from ..bundle import BUNDLE_NAME, INDEX_KEY, SHARD_LIMIT, BundleData, BundleEntry, build_bundle
+from ..bundle import (
+    SHARD_LIMIT,
+    SLOTS,
+    Bundle,
+    BundleData,
+    BundleEntry,
+    BundleError,
+    build_bundle,
+    load_bundle,
+    read_root,
+)
 from ..manifest.canonical import canonical_json, checksum_bytes
 from ..manifest.issues import Issue
 from ..manifest.lint import lint
 from ..manifest.model import ToolManifest
 from ..manifest.validate import validate_manifest, validate_set
-from ..registry.signing import Signature, TrustStore, signing_message
+from ..registry.signing import Signature, TrustStore
 from .approval import (
     ApprovalObject,
     Decision,
@@ -67,6 +78,9 @@ class Reason:
     READY = "Ready"
     DRAFT_RECORDED = "DraftRecorded"
     DELETION_BLOCKED = "DeletionBlocked"
+    REVISION_IGNORED = "RevisionIgnored"
+    WRITE_FAILED = "WriteFailed"
+    REVISION_RESTORED = "RevisionRestored"
 
 
 @dataclass(frozen=True)
@@ -96,18 +110,20 @@ class Revision:
 
 @dataclass(frozen=True)
 class Event:
-    name: str  # the ToolManifest's name
+    name: str  # the object's name
     type: str  # Normal | Warning
     reason: str
     message: str
+    kind: str = "ToolManifest"  # or ConfigMap, for the bundle
 
 
 @dataclass(frozen=True)
 class Settings:
     trusted_appliers: tuple[str, ...] = ()
     four_eyes: bool = True
-    # The keys whose identity stamps count (the operator's own public keys); None counts none.
-    stamp_trust: TrustStore | None = None
+    # The operator's own public keys (current and retired): identity stamps and the current
+    # bundle count only when they verify with one of these. None counts nothing.
+    trust: TrustStore | None = None
 
 
 @dataclass
@@ -124,7 +140,13 @@ Signer = Callable[[bytes], Signature] | None
 
 
 def revision_name(manifest_name: str, digest: str) -> str:
-    return f"{manifest_name[:240]}-{digest.removeprefix('sha256:')[:12]}"
+    """``<manifest>-<12 hex of the checksum>``, always a valid object name: a name too long
+    for the suffix is cut, its end stripped of ``.``/``-`` and a hash of the whole added."""
+    suffix = "-" + digest.removeprefix("sha256:")[:12]
+    if len(manifest_name) + len(suffix) <= 253:
+        return manifest_name + suffix
+    whole = hashlib.sha256(manifest_name.encode()).hexdigest()[:8]
+    return manifest_name[:253 - len(suffix) - 9].rstrip(".-") + "-" + whole + suffix
 
 
 @dataclass
@@ -168,16 +190,20 @@ def _approve(st: _State, settings: Settings) -> None:
 
 def plan(namespace: str, manifests: Sequence[ManifestObject], revisions: Sequence[Revision],
          current_bundle: BundleData, signer: Signer, key_id: str | None,
-         settings: Settings, now: str, approvals: Sequence[ApprovalObject] = ()) -> Plan:
+         settings: Settings, now: str, approvals: Sequence[ApprovalObject] = (), *,
+         now_ms: int = 0, terminating: bool = False) -> Plan:
+    """``terminating``: the namespace is being deleted; nothing may be created in it any more,
+    so only finalizers and statuses are planned (the readers finalizer must still go)."""
     out = Plan()
-    by_owner: dict[str, dict[str, Revision]] = {}
-    for rev in revisions:
-        by_owner.setdefault(rev.owner_uid, {})[rev.checksum] = rev
-    trust = settings.stamp_trust or TrustStore()
+    trust = settings.trust or TrustStore()
+    current = _verified(current_bundle, trust, namespace)
+    by_owner = _trusted_revisions(revisions, out)
+    _restore_published(manifests, current, by_owner, out, terminating)
+    high_water = _high_water(manifests, by_owner, current)
     decisions, unstamped = decisions_by_manifest(namespace, approvals, trust)
     states = [_State(o, decisions=decisions.get(o.name, []), four_eyes=settings.four_eyes)
               for o in sorted(manifests, key=lambda o: (o.created, o.name))]
-    enforced_lifecycles = _bundle_lifecycles(current_bundle)
+    enforced_lifecycles = _bundle_lifecycles(current)
 
     for st in states:
         model, issues = validate_manifest(st.obj.spec)
@@ -193,15 +219,17 @@ def plan(namespace: str, manifests: Sequence[ManifestObject], revisions: Sequenc
         st.model, st.digest = model, checksum_bytes(blob)
         st.author, st.author_problem = applier(namespace, st.obj.spec, st.obj.annotations, trust)
         known = by_owner.setdefault(st.obj.uid, {})
-        found = known.get(st.digest)
-        if found is not None:
-            rev = found
-        else:
+        rev = known.get(st.digest)
+        if rev is None and not (st.obj.deleting or terminating):  # a manifest going away needs no new version
+            # Versions count per tool in the namespace and are never given out twice.
+            high_water[model.tool] = high_water.get(model.tool, 0) + 1
             rev = Revision(revision_name(st.obj.name, st.digest), st.obj.name, st.obj.uid,
-                           max((r.version for r in known.values()), default=0) + 1,
-                           st.digest, model.canonical_dict(), st.author.user if st.author else "")
+                           high_water[model.tool], st.digest, _sorted(model.canonical_dict()),
+                           st.author.user if st.author else "")
             known[st.digest] = rev
             out.new_revisions.append(rev)
+        if rev is None:
+            continue
         st.version = rev.version
         _approve(st, settings)
         if st.approved:
@@ -230,17 +258,15 @@ def plan(namespace: str, manifests: Sequence[ManifestObject], revisions: Sequenc
     for st in states:
         if st.chosen is not None:
             assert st.chosen_version is not None and st.chosen_digest is not None
-            sig = signer(signing_message(st.chosen.tool, st.chosen_version, st.chosen_digest)) if signer else None
             entries.append(BundleEntry(st.chosen.tool, st.chosen_version, st.chosen_digest,
-                                       canonical_json(st.chosen.canonical_dict()), sig, st.obj.name,
+                                       canonical_json(st.chosen.canonical_dict()), st.obj.name,
                                        st.chosen_lifecycle))
     published = {e.source: e for e in entries}
     out.published = len(entries)
-    bundle = build_bundle(namespace, entries)
     # A namespace that never had a manifest gets no bundle; one whose manifests were all
     # deleted gets an empty one, so no gateway keeps enforcing what was removed.
-    if bundle != current_bundle and (manifests or current_bundle):
-        out.bundle = bundle
+    if not terminating and (manifests or current_bundle):
+        out.bundle = _bundle(namespace, entries, high_water, current, current_bundle, signer, now_ms)
 
     held = []
     for st in states:
@@ -265,14 +291,105 @@ def plan(namespace: str, manifests: Sequence[ManifestObject], revisions: Sequenc
     return out
 
 
-def _bundle_lifecycles(bundle: BundleData) -> dict[str, tuple[str, str]]:
-    """tool -> (checksum, lifecycle) as the current bundle enforces it."""
+def _sorted(value: Any) -> Any:
+    """Keys in the order the API server stores them, so a patch of the object's metadata
+    later compares its data as unchanged."""
+    return json.loads(canonical_json(value))
+
+
+def _verified(data: BundleData, trust: TrustStore, namespace: str) -> Bundle | None:
+    """The current bundle when it verifies with our own keys (else: treated as absent)."""
+    if not data:
+        return None
     try:
-        index = json.loads(bundle.get(BUNDLE_NAME, {}).get(INDEX_KEY, "{}"))
-        tools = index.get("tools") or {}
-        return {t: (str(i.get("checksum")), str(i.get("lifecycle") or "approved")) for t, i in tools.items()}
-    except (ValueError, AttributeError):
+        return load_bundle(data, trust, namespace=namespace)
+    except BundleError:
+        return None
+
+
+def _trusted_revisions(revisions: Sequence[Revision], out: Plan) -> dict[str, dict[str, Revision]]:
+    """Revisions by owner uid and checksum, keeping only those whose data has the checksum
+    they claim: whoever can write ControllerRevisions must not get content signed."""
+    by_owner: dict[str, dict[str, Revision]] = {}
+    for rev in revisions:
+        if checksum_bytes(canonical_json(rev.data)) != rev.checksum:
+            out.events.append(Event(rev.owner, "Warning", Reason.REVISION_IGNORED,
+                                    f"ControllerRevision {rev.name} holds data that does not match its "
+                                    f"checksum {rev.checksum}: edited outside the operator, ignored"))
+            continue
+        by_owner.setdefault(rev.owner_uid, {})[rev.checksum] = rev
+    return by_owner
+
+
+def _restore_published(manifests: Sequence[ManifestObject], current: Bundle | None,
+                       by_owner: dict[str, dict[str, Revision]], out: Plan, terminating: bool) -> None:
+    """Re-create the revision of a published version from the signed bundle's bytes when it
+    was deleted, so the last good version survives and its number is not reused."""
+    if current is None or terminating:
+        return
+    published = {(current.sources[t], current.checksums[t]): t for t in current.manifests}
+    for obj in manifests:
+        last = obj.status.get("publishedChecksum")
+        known = by_owner.setdefault(obj.uid, {})
+        tool = published.get((obj.name, last)) if isinstance(last, str) else None
+        if tool is None or last in known or obj.deleting:
+            continue
+        assert isinstance(last, str)
+        version = current.manifests[tool].version
+        rev = Revision(revision_name(obj.name, last), obj.name, obj.uid, version, last,
+                       json.loads(current.blobs[tool]))
+        known[last] = rev
+        out.new_revisions.append(rev)
+        out.events.append(Event(obj.name, "Warning", Reason.REVISION_RESTORED,
+                                f"the ControllerRevision of published version {version} was missing: "
+                                "re-created from the signed bundle"))
+
+
+def _high_water(manifests: Sequence[ManifestObject], by_owner: dict[str, dict[str, Revision]],
+                current: Bundle | None) -> dict[str, int]:
+    """The highest version each tool has had in the namespace: from the signed bundle (which
+    remembers tools whose manifests are gone), the revisions, and the statuses."""
+    high = dict(current.high_water) if current else {}
+
+    def see(tool: Any, version: Any) -> None:
+        if isinstance(tool, str) and isinstance(version, int):
+            high[tool] = max(high.get(tool, 0), version)
+    if current is not None:
+        for tool, model in current.manifests.items():
+            see(tool, model.version)
+    for known in by_owner.values():
+        for rev in known.values():
+            see(rev.data.get("tool"), rev.version)
+    for obj in manifests:
+        declared = obj.spec.get("tool") if isinstance(obj.spec, dict) else None
+        for field_ in ("version", "publishedVersion"):
+            see(declared, obj.status.get(field_))
+    return high
+
+
+def _bundle(namespace: str, entries: list[BundleEntry], high_water: dict[str, int], current: Bundle | None,
+            current_data: BundleData, signer: Signer, now_ms: int) -> BundleData | None:
+    """The bundle to write, or None when the current one already says exactly this. The
+    generation only goes up: past the current one, and at least the clock in ms (so a
+    bundle deleted by hand does not restart the count)."""
+    if current is not None:
+        slot = str(read_root(current_data).get("slot") or "a")
+        same = build_bundle(namespace, entries, generation=current.generation, high_water=high_water,
+                            signer=signer, slot=slot)
+        if same == current_data:
+            return None
+        slot = SLOTS[1 - SLOTS.index(slot)] if slot in SLOTS else "a"
+    else:
+        slot = "a"
+    generation = max((current.generation + 1) if current else 1, now_ms)
+    return build_bundle(namespace, entries, generation=generation, high_water=high_water, signer=signer, slot=slot)
+
+
+def _bundle_lifecycles(current: Bundle | None) -> dict[str, tuple[str, str]]:
+    """tool -> (checksum, lifecycle) as the current bundle enforces it."""
+    if current is None:
         return {}
+    return {t: (current.checksums[t], str(m.lifecycle)) for t, m in current.manifests.items()}
 
 
 def _fall_back(st: _State, by_owner: dict[str, dict[str, Revision]],
@@ -430,8 +547,8 @@ def _status(namespace: str, st: _State, entry: BundleEntry | None, key_id: str |
     cond("Approved", approved, reason, message)
     waiting_reason = reason  # Draft, AwaitingApproval or Denied when the current version is not enforced
 
-    if entry is not None and entry.signature is not None:
-        cond("Signed", True, Reason.SIGNED, f"version {entry.version} signed by key {entry.signature.key_id}")
+    if entry is not None and key_id is not None:
+        cond("Signed", True, Reason.SIGNED, f"version {entry.version} signed by key {key_id} in the bundle index")
     elif entry is not None:
         cond("Signed", False, Reason.NO_KEY, "the operator has no signing key")
     else:
@@ -471,7 +588,7 @@ def _status(namespace: str, st: _State, entry: BundleEntry | None, key_id: str |
         "version": st.version if st.model is not None else None,
         "checksum": st.digest if st.model is not None else None,
         "lifecycle": (st.chosen_lifecycle if enforced_now else "draft") if st.model is not None else None,
-        "keyId": entry.signature.key_id if entry and entry.signature else None,
+        "keyId": key_id if entry else None,
         "publishedVersion": entry.version if entry else None,
         "publishedChecksum": entry.checksum if entry else None,
         "approvedBy": _approved_by(st, entry),
@@ -513,3 +630,20 @@ def _events(st: _State, status: dict[str, Any]) -> list[Event]:
         events.append(Event(st.obj.name, "Normal", Reason.PUBLISHED,
                             f"version {status['publishedVersion']}{who}{signed}, published in the bundle"))
     return events
+
+
+def failure_statuses(manifests: Sequence[ManifestObject], planned: dict[str, dict[str, Any]],
+                     failed: dict[str, str], now: str) -> tuple[dict[str, dict[str, Any]], list[Event]]:
+    """Ready=False for each manifest a write was refused for (the rest of the namespace went
+    on without it), on top of the status just planned for it."""
+    statuses, events = {}, []
+    for m in manifests:
+        if m.name not in failed:
+            continue
+        message = (f"the operator could not write what this manifest needs ({failed[m.name]}); "
+                   "the other manifests of the namespace were reconciled")
+        base = planned.get(m.name, {}).get("conditions") or m.status.get("conditions") or []
+        statuses[m.name] = {"conditions": set_condition(list(base), "Ready", "False", Reason.WRITE_FAILED,
+                                                        message, m.generation, now)}
+        events.append(Event(m.name, "Warning", Reason.WRITE_FAILED, message))
+    return statuses, events
