@@ -37,13 +37,13 @@ EXPECTED_CLUSTER_RULES = {
     ("admissionregistration.k8s.io", "validatingwebhookconfigurations"): {"get", "patch"},
     ("admissionregistration.k8s.io", "mutatingwebhookconfigurations"): {"get", "patch"},
     ("apps", "controllerrevisions"): {"get", "list", "watch", "create"},
-    ("", "configmaps"): {"get", "list", "watch", "create", "update", "patch", "delete"},
+    ("", "configmaps"): {"get", "list", "watch", "create", "update", "delete"},
     ("", "events"): {"create", "patch"},
     ("events.k8s.io", "events"): {"create", "patch"},
 }
 EXPECTED_KEYS_RULES = {
     ("", "secrets"): {"get", "create", "update"},
-    ("", "configmaps"): {"get", "create", "update", "patch"},
+    ("", "configmaps"): {"get", "create", "update"},
     ("coordination.k8s.io", "leases"): {"get", "create", "update"},
 }
 
@@ -355,6 +355,28 @@ def test_both_roles_are_bound_to_the_operator_service_account(chart: Any) -> Non
         assert binding["subjects"] == [
             {"kind": "ServiceAccount", "name": account, "namespace": NAMESPACE}
         ]
+
+
+def test_configmap_writes_are_limited_to_the_bundles_names(chart: Any) -> None:
+    from unwind.bundle import BUNDLE_NAME, shard_names
+
+    rules = [r for r in operator_role(render(chart))["rules"] if "configmaps" in r["resources"]]
+    named = [r for r in rules if r.get("resourceNames")]
+    assert [set(r["verbs"]) for r in named] == [{"get", "update", "delete"}]
+    assert named[0]["resourceNames"] == [BUNDLE_NAME, *shard_names()]
+    assert {v for r in rules if not r.get("resourceNames") for v in r["verbs"]} == {"list", "watch", "create"}
+
+
+def test_watching_some_namespaces_grants_configmaps_only_there(chart: Any) -> None:
+    objects = render(chart, {"operator": {"watchNamespaces": ["payments", "code"]}})
+    assert ("", "configmaps") not in rules_table(operator_role(objects))
+    roles = {o["metadata"]["namespace"]: o for o in objects if o["kind"] == "Role"
+             and o["metadata"]["name"] == "unwind-bundle"}
+    assert set(roles) == {"payments", "code"}
+    assert rules_table(roles["payments"])[("", "configmaps")] == {"get", "list", "watch", "create", "update", "delete"}
+    bindings = {o["metadata"]["namespace"] for o in objects if o["kind"] == "RoleBinding"
+                and o["metadata"]["name"] == "unwind-bundle"}
+    assert bindings == {"payments", "code"}
 
 
 def test_people_view_and_edit_through_the_builtin_roles_but_approving_is_granted_apart(chart: Any) -> None:

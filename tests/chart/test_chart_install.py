@@ -132,6 +132,17 @@ def test_the_operator_may_do_what_its_handlers_need(installed: dict[str, Any], a
     assert may(api, "list", "approvals", group="unwind.dev", namespace="payments")
 
 
+def test_the_operator_may_write_only_the_bundles_configmaps(installed: dict[str, Any], api: Any) -> None:
+    assert may(api, "update", "configmaps", namespace="payments", name="unwind-bundle")
+    assert may(api, "delete", "configmaps", namespace="payments", name="unwind-bundle-b-63")
+    assert not may(api, "update", "configmaps", namespace="kube-system", name="coredns")
+    assert not may(api, "delete", "configmaps", namespace="kube-system", name="extension-apiserver-authentication")
+    assert not may(api, "update", "configmaps", namespace="payments", name="unwind-trust")
+    assert not may(api, "update", "configmaps", namespace="payments", name="unwind-bundle-c-0")
+    assert not may(api, "patch", "configmaps", namespace="payments", name="unwind-bundle")
+    assert may(api, "update", "configmaps", namespace=NAMESPACE, name="unwind-trust")  # its own namespace
+
+
 def test_the_operator_may_touch_no_other_webhook_configuration_or_lease(installed: dict[str, Any], api: Any) -> None:
     assert not may(api, "patch", "validatingwebhookconfigurations", group="admissionregistration.k8s.io",
                    name="kyverno-resource-validating-webhook-cfg")

@@ -76,3 +76,26 @@ docs/chart.md); the keys Role is narrowed to them.
 {{- define "unwind.trustConfigMapName" -}}unwind-trust{{- end }}
 {{- define "unwind.webhookTLSSecretName" -}}unwind-webhook-tls{{- end }}
 {{- define "unwind.leaseName" -}}unwind-operator{{- end }}
+
+{{/*
+The bundle publisher's ConfigMap rules. Writes are limited by name to unwind-bundle and its
+shards unwind-bundle-{a,b}-{0..63} (the names are fixed so RBAC can list them): the token
+cannot rewrite any other ConfigMap (unwind-trust, kube-system's). `create` cannot be limited
+by name (the object has none yet when the request is authorized). list/watch find the
+bundles by their label.
+*/}}
+{{- define "unwind.bundleRules" -}}
+- apiGroups: [""]
+  resources: ["configmaps"]
+  verbs: ["list", "watch", "create"]
+- apiGroups: [""]
+  resources: ["configmaps"]
+  resourceNames:
+    - unwind-bundle
+    {{- range $slot := list "a" "b" }}
+    {{- range $n := until 64 }}
+    - {{ printf "unwind-bundle-%s-%d" $slot $n }}
+    {{- end }}
+    {{- end }}
+  verbs: ["get", "update", "delete"]
+{{- end }}

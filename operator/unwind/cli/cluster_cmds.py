@@ -58,13 +58,31 @@ def cmd_operator(args: argparse.Namespace) -> int:
                             lifetimes=lifetimes)
     config = Config(operator_namespace=namespace, namespaces=tuple(args.namespace or ()),
                     trusted_appliers=appliers, four_eyes=four_eyes == "true", bundle_window=window,
-                    webhook=webhook, lease=Timing(lease, lease * 2 / 3, max(0.5, lease / 7.5)))
+                    webhook=webhook, lease=Timing(lease, lease * 2 / 3, max(0.5, lease / 7.5)),
+                    key_check_seconds=args.key_check_seconds)
     run(config, args.liveness, args.metrics_port)
     return 0
 
 
 CHART_DONE = {"install": "installed", "reinstall": "reinstalled (an unfinished install was removed)",
               "upgrade": "upgraded", "recover": "rolled back from an unfinished change, then upgraded"}
+
+
+def cmd_rotate_key(args: argparse.Namespace) -> int:
+    from kubernetes import client, config
+
+    from ..operator.keys import SECRET_NAME, rotate_signing_key
+
+    namespace = args.operator_namespace or os.environ.get("UNWIND_OPERATOR_NAMESPACE") or "unwind-system"
+    api = config.new_client_from_config(config_file=args.kubeconfig)  # type: ignore[no-untyped-call]
+    try:
+        old, new = rotate_signing_key(client.CoreV1Api(api), namespace)
+    except client.ApiException as exc:
+        print(f"error: cannot rotate Secret {namespace}/{SECRET_NAME}: {exc.status} {exc.reason}", file=sys.stderr)
+        return 1
+    print(f"signing key {old} retired, {new} is current: the operator re-signs every bundle within "
+          f"seconds and drops {old} from ConfigMap {namespace}/unwind-trust once no bundle uses it")
+    return 0
 
 
 def cmd_dev_up(args: argparse.Namespace) -> int:
@@ -123,6 +141,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--webhook-cert-lifetime", default="90d", help="serving certificate lifetime; "
                    "renewed with a third left (default 90d)")
     p.add_argument("--webhook-ca-lifetime", default="3650d", help="webhook CA lifetime (default 3650d)")
+    p.add_argument("--key-check-seconds", type=float, default=10.0, help="how often the signing key "
+                   "Secret and ConfigMap unwind-trust are checked (default 10)")
     p.add_argument("--lease-duration", default=os.environ.get("UNWIND_LEASE_SECONDS", "15"),
                    help="leader election: seconds before another replica takes over (default 15)")
     p.add_argument("--bundle-window", type=float, help="seconds to coalesce changes before a bundle "
@@ -132,6 +152,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--kubeconfig", help="kubeconfig file (default in-cluster, then $KUBECONFIG)")
     p.add_argument("--log-level", default=os.environ.get("UNWIND_LOG_LEVEL", "info"))
     p.set_defaults(func=cmd_operator)
+
+    p = sub.add_parser("rotate-signing-key", help="replace the operator's signing key; the old one "
+                       "stays trusted until every bundle is re-signed")
+    p.add_argument("--operator-namespace", help="namespace of Secret unwind-signing-key (default "
+                   "$UNWIND_OPERATOR_NAMESPACE or unwind-system)")
+    p.add_argument("--kubeconfig", help="kubeconfig file (default $KUBECONFIG)")
+    p.set_defaults(func=cmd_rotate_key)
 
     dev = sub.add_parser("dev", help="the local control plane with Unwind installed")
     dsub = dev.add_subparsers(dest="dev_command", required=True, metavar="COMMAND")

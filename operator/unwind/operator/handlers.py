@@ -15,7 +15,7 @@ import logging
 import os
 import socket
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import kopf
@@ -24,10 +24,9 @@ from kubernetes.client.exceptions import ApiException
 
 from .. import API_GROUP, API_VERSION
 from ..api.conditions import now_rfc3339
-from ..registry.signing import Signature, TrustStore, key_id, sign
 from . import metrics
 from .hooks import Admission, WebhookConfig, reader
-from .keys import ensure_signing_key, publish_trust
+from .keys import KeyKeeper
 from .kube import APPROVALS, BUNDLE_LABEL, PLURAL, Kube
 from .leader import Elector, Timing
 from .reconcile import Settings, failure_statuses, plan
@@ -44,6 +43,7 @@ class Config:
     four_eyes: bool = True
     bundle_window: float = 1.0
     resync_seconds: float = 300.0
+    key_check_seconds: float = 10.0
     workers: int = 8
     webhook: WebhookConfig = field(default_factory=WebhookConfig)
     lease: Timing = field(default_factory=Timing)
@@ -111,8 +111,8 @@ class Namespaces:
         await asyncio.gather(*self.tasks.values(), return_exceptions=True)
 
 
-def reconcile_namespace(kube: Kube, namespace: str, signer: Any, kid: str | None,
-                        settings: Settings, first_seen: float) -> bool:
+def reconcile_namespace(kube: Kube, namespace: str, keeper: KeyKeeper, settings: Settings,
+                        first_seen: float) -> bool:
     """Gather → plan → write. Runs in a thread: the Kubernetes client is synchronous.
     Returns False once the namespace is gone (nothing left to reconcile)."""
     with metrics.RECONCILE_SECONDS.time():
@@ -120,8 +120,9 @@ def reconcile_namespace(kube: Kube, namespace: str, signer: Any, kid: str | None
         if snap.gone:
             return False
         now = now_rfc3339()
-        result = plan(namespace, snap.manifests, snap.revisions, snap.bundle, signer, kid, settings, now,
-                      snap.approvals, now_ms=int(time.time() * 1000), terminating=snap.terminating)
+        settings = replace(settings, trust=keeper.keys.all_public())
+        result = plan(namespace, snap.manifests, snap.revisions, snap.bundle, keeper.sign, keeper.keys.kid,
+                      settings, now, snap.approvals, now_ms=int(time.time() * 1000), terminating=snap.terminating)
         # Finalizers first: in a terminating namespace nothing else may be written, and they
         # must go for the namespace to finish.
         failed = kube.patch_finalizers(namespace, result.finalizers)
@@ -140,6 +141,7 @@ def reconcile_namespace(kube: Kube, namespace: str, signer: Any, kid: str | None
             result.events.extend(events)
             log.warning("namespace %s: writes refused for %s", namespace, ", ".join(sorted(failed)))
         kube.post_events(namespace, result.events, {m.name: m.uid for m in snap.manifests})
+        keeper.record(namespace, result.signed_by)
     metrics.RECONCILES.labels("ok").inc()
     return True
 
@@ -153,9 +155,10 @@ def build_registry(config: Config, api: client.ApiClient) -> kopf.OperatorRegist
                     config.webhook.lifetimes)
 
     async def reconcile(namespace: str, first_seen: float) -> bool:
-        return await asyncio.to_thread(reconcile_namespace, kube, namespace, state["signer"], state["kid"],
-                                       state["settings"], first_seen)
+        return await asyncio.to_thread(reconcile_namespace, kube, namespace, state["keeper"], settings,
+                                       first_seen)
 
+    settings = Settings(config.trusted_appliers, config.four_eyes)
     namespaces = Namespaces(reconcile, config.bundle_window, elector.leading)
     admission = Admission(reader(kube), config.operator_namespace, config.four_eyes)
     server = WebhookServer(tls, admission, config.webhook.addr, config.webhook.port)
@@ -175,21 +178,16 @@ def build_registry(config: Config, api: client.ApiClient) -> kopf.OperatorRegist
         # hold 1000 object bodies in memory.
         settings.queueing.idle_timeout = 0.5
         settings.queueing.worker_limit = 200
-        key = await asyncio.to_thread(ensure_signing_key, kube.core, config.operator_namespace)
-        state["kid"] = await asyncio.to_thread(publish_trust, kube.core, config.operator_namespace, key)
-
-        def signer(message: bytes) -> Signature:
-            return sign(key, message)
-
-        state["signer"] = admission.signer = signer
-        admission.trust = TrustStore([key.public_key()])  # identity stamps are ours alone
-        state["settings"] = Settings(config.trusted_appliers, config.four_eyes, admission.trust)
-        assert state["kid"] == key_id(key.public_key())
+        keeper = state["keeper"] = await asyncio.to_thread(KeyKeeper, kube.core, config.operator_namespace)
+        admission.signer = keeper.sign
+        admission.trust = keeper.keys.all_public()  # identity stamps are ours alone
         log.info("signing with key %s; public keys in ConfigMap %s/unwind-trust",
-                 state["kid"], config.operator_namespace)
+                 keeper.keys.kid, config.operator_namespace)
         state["tasks"] = [asyncio.create_task(_resync(namespaces, config.resync_seconds)),
                           asyncio.create_task(tls.run()), asyncio.create_task(server.serve()),
-                          asyncio.create_task(elector.run())]
+                          asyncio.create_task(elector.run()),
+                          asyncio.create_task(_keep_keys(keeper, admission, namespaces, elector.leading,
+                                                         config.key_check_seconds))]
 
     @kopf.on.cleanup(registry=registry)
     async def cleanup(**_: Any) -> None:
@@ -212,6 +210,27 @@ def build_registry(config: Config, api: client.ApiClient) -> kopf.OperatorRegist
         namespaces.touch(namespace)
 
     return registry
+
+
+async def _keep_keys(keeper: KeyKeeper, admission: Admission, namespaces: Namespaces,
+                     leading: asyncio.Event, every: float) -> None:
+    """Reload the signing key (a rotation re-signs every bundle) and, on the leader, keep
+    unwind-trust exactly right."""
+    while True:
+        try:
+            if await asyncio.to_thread(keeper.reload):
+                admission.trust = keeper.keys.all_public()
+                log.info("signing key changed to %s: re-signing every bundle", keeper.keys.kid)
+                for namespace in list(namespaces.tasks):
+                    namespaces.touch(namespace)
+            if leading.is_set():
+                live = [n for n, t in namespaces.tasks.items() if not t.done()]
+                if await asyncio.to_thread(keeper.converge_trust, live):
+                    log.info("ConfigMap unwind-trust rewritten: it now holds keys %s",
+                             ", ".join(sorted({keeper.keys.kid, *keeper.signing.values()})))
+        except Exception as exc:  # retried: the previous keys keep working meanwhile
+            log.warning("signing keys: %s", exc)
+        await asyncio.sleep(every)
 
 
 async def _resync(namespaces: Namespaces, every: float) -> None:

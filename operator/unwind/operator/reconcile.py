@@ -134,6 +134,7 @@ class Plan:
     events: list[Event] = field(default_factory=list)
     published: int = 0
     finalizers: dict[str, tuple[str, list[str]]] = field(default_factory=dict)  # name -> (rv, list)
+    signed_by: str | None = None  # the key the namespace's bundle is signed with once written
 
 
 Signer = Callable[[bytes], Signature] | None
@@ -267,6 +268,7 @@ def plan(namespace: str, manifests: Sequence[ManifestObject], revisions: Sequenc
     # deleted gets an empty one, so no gateway keeps enforcing what was removed.
     if not terminating and (manifests or current_bundle):
         out.bundle = _bundle(namespace, entries, high_water, current, current_bundle, signer, now_ms)
+    out.signed_by = key_id if out.bundle is not None else (current.key_id if current else None)
 
     held = []
     for st in states:

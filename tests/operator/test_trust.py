@@ -1,0 +1,29 @@
+"""Which public keys the operator publishes in unwind-trust (the pure decision)."""
+
+from __future__ import annotations
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from unwind.operator.keys import Keys, wanted_trust
+from unwind.registry.signing import key_id
+
+OLD, NEW = Ed25519PrivateKey.generate(), Ed25519PrivateKey.generate()
+KEYS = Keys(NEW, (OLD.public_key(),))
+OLD_ID, NEW_ID = key_id(OLD.public_key()), key_id(NEW.public_key())
+
+
+def test_the_current_key_alone_once_every_bundle_is_signed_with_it() -> None:
+    assert set(wanted_trust(KEYS, [NEW_ID, NEW_ID], settled=True, published=[OLD_ID, NEW_ID])) == {f"{NEW_ID}.pem"}
+
+
+def test_a_retired_key_stays_while_a_bundle_is_still_signed_with_it() -> None:
+    assert set(wanted_trust(KEYS, [NEW_ID, OLD_ID], settled=True, published=[])) == {f"{NEW_ID}.pem", f"{OLD_ID}.pem"}
+
+
+def test_a_published_retired_key_stays_until_every_namespace_was_seen_since_start() -> None:
+    assert f"{OLD_ID}.pem" in wanted_trust(KEYS, [], settled=False, published=[OLD_ID])
+
+
+def test_a_planted_key_is_never_kept() -> None:
+    planted = key_id(Ed25519PrivateKey.generate().public_key())
+    assert set(wanted_trust(KEYS, [planted], settled=False, published=[planted])) == {f"{NEW_ID}.pem"}
