@@ -39,7 +39,8 @@ def test_applying_the_examples_makes_every_manifest_ready_signed_and_published(
         operator: OperatorProcess, kubeconfig: Path, k8s_api: client.ApiClient) -> None:
     subprocess.run(["kubectl", f"--kubeconfig={kubeconfig}", "apply", "-f", str(ROOT / "manifests")],
                    check=True, capture_output=True)
-    kubectl(kubeconfig, "wait", "--for=condition=Ready", "toolmanifests", "--all", "-A", "--timeout=60s")
+    for ns in ("payments", "code-hosting"):  # not -A: other tests' namespaces come and go
+        kubectl(kubeconfig, "-n", ns, "wait", "--for=condition=Ready", "toolmanifests", "--all", "--timeout=60s")
     for ns in ("payments", "code-hosting"):
         items = client.CustomObjectsApi(k8s_api).list_namespaced_custom_object(GROUP, VERSION, ns, PLURAL)["items"]
         for obj in items:

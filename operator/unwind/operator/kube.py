@@ -193,6 +193,17 @@ class Kube:
             return None
         return dict(r for r in self.pool.map(one, items) if r is not None)
 
+    def _post_text(self, path: str, text: str) -> None:
+        """POST a body sent exactly as given (the generated client would re-serialize it)."""
+        api = self.apps.api_client
+        request = api.param_serialize("POST", path, header_params={
+            "Content-Type": "application/yaml", "Accept": "application/json"}, body=text,
+            auth_settings=["BearerToken"])
+        response = api.call_api(*request)
+        response.read()
+        if not 200 <= response.status < 300:
+            raise ApiException(http_resp=response)
+
     def create_revisions(self, namespace: str, revisions: Iterable[Revision]) -> dict[str, str]:
         """Create each version's ControllerRevision; returns failures by ToolManifest name."""
         def create(rev: Revision) -> None:
@@ -205,11 +216,14 @@ class Kube:
                              "ownerReferences": [{"apiVersion": f"{API_GROUP}/{API_VERSION}",
                                                   "kind": "ToolManifest", "name": rev.owner,
                                                   "uid": rev.owner_uid}]},
-                # data in the server's canonical order (sorted keys): a later metadata patch
-                # then compares it as unchanged (ControllerRevision data is immutable)
-                "revision": rev.version, "data": json.loads(json.dumps(rev.data, sort_keys=True)),
+                "revision": rev.version, "data": rev.data,
             }
-            _discard(self.apps.create_namespaced_controller_revision(namespace, body, _preload_content=False))
+            # ControllerRevision data is immutable and kept as the bytes sent: send them as the
+            # API server itself writes JSON (sorted keys, no spaces), or any later patch of the
+            # revision's metadata (a label, the garbage collector orphaning it) sees the data
+            # "changed" and is refused. JSON is YAML, and the YAML path sends the text as is.
+            text = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+            self._post_text(f"/apis/apps/v1/namespaces/{namespace}/controllerrevisions", text)
         # 409: recorded by an earlier run; revisions are immutable
         return self._each(((r.owner, r) for r in revisions), create, ignore=(409,))
 
