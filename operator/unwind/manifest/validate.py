@@ -3,7 +3,8 @@
 Each rule is a small function named after what it enforces, yielding ``(field path,
 message)`` pairs; ``MANIFEST_RULES`` and ``SET_RULES`` are the ordered tables. The CLI, the
 admission webhook, the operator and the gateway all call ``validate_manifest`` and
-``validate_set`` and nothing else, so they cannot disagree.
+``validate_set`` (through ``validate_namespace`` where lifecycles matter) and nothing else,
+so they cannot disagree.
 """
 
 from __future__ import annotations
@@ -11,12 +12,13 @@ from __future__ import annotations
 import re
 import unicodedata
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import replace
 from typing import Any
 
 from pydantic import ValidationError
 
 from .issues import Issue, format_path, input_path, issues_from_validation_error, without_paths
-from .model import TOOL_NAME_PATTERN, UNDOABLE, Effect, ToolManifest
+from .model import TOOL_NAME_PATTERN, UNDOABLE, Effect, Lifecycle, ToolManifest
 from .places import READER_PLACES, names_at
 from .refs import RefSyntaxError, parse_ref
 
@@ -335,12 +337,20 @@ def find_requires_cycles(ms: Iterable[ToolManifest]) -> list[list[str]]:
                 state[path.pop()] = 2
                 todo.pop()
             elif state.get(nxt) == 1:
-                cycles.append([*path[path.index(nxt):], nxt])
+                cycles.append(_from_smallest(path[path.index(nxt):]))
             elif nxt in graph and nxt not in state:
                 state[nxt] = 1
                 path.append(nxt)
                 todo.append(iter(graph[nxt]))
     return cycles
+
+
+def _from_smallest(loop: list[str]) -> list[str]:
+    """A cycle written from its smallest name and closed (a -> b -> a), so the same cycle
+    reads the same whichever tool the search reached it from."""
+    start = loop.index(min(loop))
+    turned = loop[start:] + loop[:start]
+    return [*turned, turned[0]]
 
 
 def requires_has_no_cycle(ms: Sequence[ToolManifest], _: dict[str, ToolManifest]) -> Iterator[Issue]:
@@ -363,3 +373,44 @@ def validate_set(manifests: Sequence[ToolManifest]) -> list[Issue]:
     """Cross-manifest checks over one namespace, or over the files given to the CLI."""
     by_name = {m.tool: m for m in manifests}
     return [issue for rule in SET_RULES for issue in rule(manifests, by_name)]
+
+
+def validate_namespace(manifests: Sequence[ToolManifest]) -> list[Issue]:
+    """The set-level check of one namespace, judged the way the cluster enforces it.
+
+    Only non-draft manifests are ever enforced, so they must form a valid set on their own
+    (``validate_set`` over them): an approved tool that names a tool with only a draft
+    version would lean on something the gateway refuses, and that missing reference says
+    "names X, which has no approved version: approve it first". A draft is checked against
+    everything (the enforced set plus the other drafts), so its author sees what it would
+    break once approved. A tool declared twice is an error whatever the lifecycles.
+
+    Each issue's ``index`` is the position in ``manifests`` of the manifest it is about.
+    Everything that checks a namespace (``unwind validate`` offline, the operator's
+    reconcile) must call this function, so an offline check and the cluster cannot
+    disagree; a rule about lifecycles across tools belongs here, not in a caller.
+    """
+    enforced = [i for i, m in enumerate(manifests) if m.lifecycle != Lifecycle.draft]
+    only_drafts = {m.tool for m in manifests} - {manifests[i].tool for i in enforced}
+    issues: list[Issue] = []
+    for issue in validate_set([manifests[i] for i in enforced]):
+        index = enforced[issue.index] if issue.index is not None else None
+        issues.append(replace(_explain_draft(issue, only_drafts), index=index))
+    seen = {_issue_key(i) for i in issues}
+    for issue in validate_set(manifests):  # drafts, and what only drafts add (duplicates, cycles)
+        if _issue_key(issue) not in seen:
+            seen.add(_issue_key(issue))
+            issues.append(issue)
+    return issues
+
+
+def _explain_draft(issue: Issue, only_drafts: set[str]) -> Issue:
+    """A missing reference to a tool that exists only as a draft says so, and what to do."""
+    if issue.ref is not None and issue.ref in only_drafts:
+        return replace(issue, message=f"names {issue.ref!r}, which has no approved version: "
+                       "approve it first")
+    return issue
+
+
+def _issue_key(issue: Issue) -> tuple[int | None, str | None, str, str]:
+    return (issue.index, issue.tool, issue.path, issue.message)
