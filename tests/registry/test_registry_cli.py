@@ -90,7 +90,7 @@ def test_publish_json_reports_each_version(workdir: Path, capsys: pytest.Capture
 
 
 def test_check_validates_plain_files(workdir: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert run(capsys, "manifests", "check", PAYMENTS) == (0, "ok: 3 tool manifests valid\n", "")
+    assert run(capsys, "manifests", "check", PAYMENTS) == (0, "ok: 3 tool manifests valid in namespace payments\n", "")
     (workdir / "bad.yaml").write_text("tool: x\neffect: sideways\npermission: p\n")
     code, _, err = run(capsys, "manifests", "check", "bad.yaml")
     assert code == 1 and err.startswith("error: bad.yaml:2: x: effect:")

@@ -39,7 +39,7 @@ from ..registry import (
 )
 from ..registry.index import format_time
 from ..registry.storage import Storage
-from .main import cmd_validate
+from .check_cmds import cmd_validate
 
 Handler = Callable[[argparse.Namespace], int]
 
