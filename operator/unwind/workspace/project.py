@@ -103,10 +103,24 @@ def _check_registry(root: Path) -> list[Issue]:
 
 
 def _check_config(path: Path) -> list[Issue]:
+    import difflib
+
+    import yaml
+
     from ..registry import RegistryError, load_config
+    from ..registry.config import KNOWN_KEYS
 
     try:
         load_config(path.parent)
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     except RegistryError as exc:
         return [Issue(None, "", exc.message, file=str(path))]
-    return []
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:  # pragma: no cover - load_config read it
+        return [Issue(None, "", f"cannot read the file: {exc}", file=str(path))]
+    issues = []
+    for key in sorted(set(map(str, data)) - set(KNOWN_KEYS)):
+        close = difflib.get_close_matches(key, KNOWN_KEYS, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        issues.append(Issue(None, key, f"unknown key {key!r}{hint}: unwind.yaml holds "
+                            f"{', '.join(KNOWN_KEYS)}", file=str(path)))
+    return issues
