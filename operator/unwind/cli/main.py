@@ -48,7 +48,8 @@ class Parser(argparse.ArgumentParser):
                 message += f"; did you mean {close[0]!r}?"
         fmt = wanted_format(sys.argv[1:] if _ARGV is None else _ARGV)
         if fmt in MACHINE:
-            emit(error_document("usage", f"{self.prog}: {message}"), fmt)
+            emit(error_document("usage", message, command=self.prog,
+                                usage=self.format_usage().strip()), fmt)
         self.print_usage(sys.stderr)
         self.exit(2, f"{self.prog}: error: {message}\n")
 

@@ -21,7 +21,6 @@ from ..manifest.issues import Issue
 from ..manifest.lint import RULES, Finding, Silenced
 
 SARIF_SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
-INFO_URI = "https://unwind.dev/docs/manifests"
 _SARIF_LEVEL = {"error": "error", "warning": "warning", "info": "note"}
 
 
@@ -128,7 +127,7 @@ def _location(file: str | None, line: int | None) -> list[dict[str, Any]]:
 def _run(rules: list[dict[str, Any]], results: list[dict[str, Any]],
          ok: bool = True, notification: str | None = None) -> str:
     run: dict[str, Any] = {
-        "tool": {"driver": {"name": "unwind", "version": __version__, "informationUri": INFO_URI,
+        "tool": {"driver": {"name": "unwind", "version": __version__,
                             "rules": rules}},
         "results": results,
         "invocations": [{"executionSuccessful": ok}],

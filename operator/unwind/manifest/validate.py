@@ -9,6 +9,7 @@ so they cannot disagree.
 
 from __future__ import annotations
 
+import difflib
 import re
 import unicodedata
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -40,8 +41,8 @@ def _name_problem(name: str) -> str | None:
                    if unicodedata.category(ch) in ("Cc", "Cf", "Zl", "Zp")), None)
     if hidden is not None:
         i, ch = hidden
-        return (f"{name!r} has a control character or line break (U+{ord(ch):04X} at "
-                f"position {i}), which would print like another name: remove it; tool "
+        return (f"{name!r} has a control character or line break (U+{ord(ch):04X}, "
+                f"character {i + 1} of the name), which would print like another name: remove it; tool "
                 "names are letters, digits and _ . : / - only")
     return f"{name!r} is not a valid tool name: use letters, digits and _ . : / - only"
 
@@ -300,8 +301,10 @@ def referenced_tools_exist(ms: Sequence[ToolManifest], by: dict[str, ToolManifes
     for i, m in enumerate(ms):
         for path, name in tool_references(m):
             if name not in by and name != m.tool:
-                yield Issue(m.tool, path, f"names {name!r}, which has no manifest: add one or fix "
-                            "the name", index=i, ref=name)
+                close = difflib.get_close_matches(name, [t for t in by if t != m.tool], n=1, cutoff=0.8)
+                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                yield Issue(m.tool, path, f"names {name!r}, which has no manifest{hint}: add one "
+                            "or fix the name", index=i, ref=name)
 
 
 def read_backs_are_read_only(ms: Sequence[ToolManifest], by: dict[str, ToolManifest]) -> Iterator[Issue]:
