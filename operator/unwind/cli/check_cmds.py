@@ -157,7 +157,7 @@ def lint_result(result: CheckResult, schemas: dict[str, Any] | None) -> tuple[li
     for i, src in enumerate(result.sources):
         for key, message in ignores_from_annotations(src.annotations)[1]:
             problems.append(Issue(result.manifests[i].tool, f"metadata.annotations.{key}", message,
-                                  file=src.file, line=src.line))
+                                  file=src.file, line=src.annotation_lines.get(key, src.line)))
     return findings, problems
 
 
@@ -203,8 +203,7 @@ def cmd_lint(args: argparse.Namespace) -> int:
         print(lint_report_text(findings, silenced))
     _print_issues(invalid)
     if invalid and fmt == "text":
-        print(f"not linted: {plural(len(invalid), 'problem')} to fix first (`unwind validate` "
-              "lists the same)", file=sys.stderr)
+        print(f"not linted: {plural(len(invalid), 'problem')} to fix first", file=sys.stderr)
     return 0 if ok else 1
 
 

@@ -82,6 +82,7 @@ class Sourced:
     resource_name: str | None = None  # metadata.name for a ToolManifest resource
     namespace: str | None = None  # None: a bare manifest (no namespace)
     annotations: dict[str, str] = field(default_factory=dict)  # metadata.annotations
+    annotation_lines: dict[str, int] = field(default_factory=dict)  # and the line of each
     key_line: int | None = None  # the line of the key that holds the manifest (``spec:``)
 
     @property
@@ -362,10 +363,14 @@ def _resource(value: dict[Any, Any], node: yaml.Node, file: str | None, out: Loa
         return
     ns = meta.get("namespace")
     annotations = meta.get("annotations") if isinstance(meta.get("annotations"), dict) else {}
+    notes_node = _entry(_entry(node, "metadata")[1] or node, "annotations")[1]
+    note_lines = {str(k.value): k.start_mark.line + 1 for k, _ in getattr(notes_node, "value", [])
+                  if isinstance(k, yaml.ScalarNode)} if isinstance(notes_node, yaml.MappingNode) else {}
     out.items.append(Sourced(
         spec, file, spec_node, resource_name=meta.get("name"),
         namespace=ns if isinstance(ns, str) and ns else namespace,
-        annotations={str(k): str(v) for k, v in (annotations or {}).items()},
+        annotations={str(k): "" if v is None else str(v) for k, v in (annotations or {}).items()},
+        annotation_lines=note_lines,
         key_line=spec_key.start_mark.line + 1 if spec_key is not None else None))
 
 
