@@ -34,7 +34,7 @@ def test_the_walkthrough_publish_approve_history_verify(workdir: Path,
     for tool in ("stripe.get_charge", "stripe.refund"):
         code, out, _ = run(capsys, "manifests", "approve", tool, "--registry", "reg", "--by",
                            "bob", "--key", "keys/mf.key", "--four-eyes")
-        assert (code, out) == (0, f"{tool}  v2  approved by bob (enforced)\n")
+        assert (code, out) == (0, f"{tool}  v2  approved by bob  (enforced)\n")
     code, out, _ = run(capsys, "manifests", "history", "stripe.refund", "--registry", "reg")
     header, v1, v2, enforced = out.splitlines()
     assert header.split() == ["VERSION", "LIFECYCLE", "CREATED", "BY", "APPROVED", "BY", "CHECKSUM",

@@ -64,7 +64,7 @@ def test_a_rollback_to_a_draft_says_which_version_stays_enforced(
     code, out, _ = unwind(capsys, "manifests", "rollback", "stripe.refund", "v1")
     assert code == 0
     assert out.startswith("stripe.refund  v4  draft  ")
-    assert out.rstrip().endswith("rolled back to v1, a draft (v2 stays enforced)")
+    assert out.rstrip().endswith("rolled back to v1, a draft  (v2 stays enforced)")
     code, out, _ = unwind(capsys, "manifests", "rollback", "stripe.refund", "1", "--json")
     assert json.loads(out)[0]["enforced"] == 2
 
@@ -76,7 +76,7 @@ def test_a_rollback_when_nothing_is_approved_says_nothing_is_enforced(
         "tool: stripe.refund\neffect: idempotent\npermission: payments:refund\n")
     unwind(capsys, "manifests", "publish", "refund.yaml")
     code, out, _ = unwind(capsys, "manifests", "rollback", "stripe.refund", "1")
-    assert code == 0 and out.rstrip().endswith("(nothing is enforced: no approved version)")
+    assert code == 0 and out.rstrip().endswith("  (not enforced: no approved version)")
 
 
 @pytest.mark.parametrize("how", ["env", "config", "flag"])

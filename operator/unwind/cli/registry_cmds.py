@@ -131,7 +131,7 @@ def _key(args: argparse.Namespace) -> Any:
 def _enforcement(r: VersionRecord, enforced: IndexEntry | None) -> str:
     """What a gateway enforces for the tool after this change."""
     if enforced is None:
-        return "nothing is enforced: no approved version"
+        return "not enforced: no approved version"
     if enforced.version == r.version:
         return "enforced"
     return f"v{enforced.version} stays enforced"
@@ -141,14 +141,14 @@ def _outcome_line(o: Outcome, enforced: IndexEntry | None) -> str:
     r = o.record
     now = _enforcement(r, enforced)
     if not o.changed:
-        return f"{r.tool}  v{r.version}  {r.lifecycle}  {_short(r.checksum)}  unchanged ({now})"
+        return f"{r.tool}  v{r.version}  {r.lifecycle}  {_short(r.checksum)}  unchanged  ({now})"
     if r.action == "approve":
-        return f"{r.tool}  v{r.version}  approved by {r.approved_by} ({now})"
+        return f"{r.tool}  v{r.version}  approved by {r.approved_by}  ({now})"
     extra = {"deprecate": f"  replaced by {r.manifest.get('replaced_by')}"
              if r.manifest.get("replaced_by") else "",
              "rollback": f"  rolled back to v{r.source_version}"
              + (", a draft" if r.lifecycle == "draft" else "")}.get(r.action, "")
-    return f"{r.tool}  v{r.version}  {r.lifecycle}  {_short(r.checksum)}{extra} ({now})"
+    return f"{r.tool}  v{r.version}  {r.lifecycle}  {_short(r.checksum)}{extra}  ({now})"
 
 
 def _report(registry: Registry, outcomes: list[Outcome], args: argparse.Namespace) -> int:
