@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -132,3 +133,23 @@ def test_after_a_remove_no_case_calls_the_removed_tool(examples: Path, unwind: R
     assert "stripe.create_charge" not in (examples / "tests" / "contracts" / "payments.test.yaml").read_text()
     code, out, err = unwind("test", "tests/contracts", "-m", "manifests")
     assert code == 0, out + err
+
+
+def test_the_bash_completion_completes_commands_subcommands_and_options(tmp_path: Path) -> None:
+    if shutil.which("bash") is None:
+        pytest.skip("no bash")
+    script = run_process("completion", "bash", cwd=tmp_path)
+    assert script.returncode == 0
+    (tmp_path / "unwind.bash").write_text(script.stdout)
+
+    def complete(*words: str) -> list[str]:
+        probe = (f"source {tmp_path / 'unwind.bash'}; COMP_WORDS=(unwind {' '.join(words)}); "
+                 f"COMP_CWORD={len(words)}; _unwind; printf '%s\\n' \"${{COMPREPLY[@]}}\"")
+        done = subprocess.run(["bash", "-c", probe], capture_output=True, text=True, check=True)
+        return done.stdout.split()
+
+    assert complete("vali") == ["validate"]
+    assert complete("manifests", "pub") == ["publish"]
+    assert complete("dev", "u") == ["up"]
+    assert "--allow-empty" in complete("lint", "--al")
+    assert complete("manifests", "publish", "--sta") == ["--status"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -14,7 +15,7 @@ from ..edit import apply_to_paths, remove, rename
 from ..edit.result import EditResult, Skipped
 from ..manifest.issues import Issue
 from ..manifest.loader import LoadResult, check, load_text
-from .output import fail
+from .output import fail, plural
 
 
 def _issues(files: Mapping[str, str]) -> list[Issue]:
@@ -24,6 +25,9 @@ def _issues(files: Mapping[str, str]) -> list[Issue]:
     for name, text in files.items():
         loaded.extend(load_text(text, name))
     return check(loaded).issues
+
+
+_HINT = re.compile(r" \(did you mean [^)]*\?\)")
 
 
 class NewProblems:
@@ -45,7 +49,7 @@ class NewProblems:
 
     @staticmethod
     def _key(issue: Issue, renamed: Mapping[str, str]) -> tuple[str, ...]:
-        tool, message = issue.tool or "", issue.message
+        tool, message = issue.tool or "", _HINT.sub("", issue.message)  # a suggestion may change
         for old, new in renamed.items():  # messages quote the names they mention: 'a.b'
             tool = new if tool == old else tool
             message = message.replace(f"'{old}'", f"'{new}'").replace(f'"{old}"', f'"{new}"')
@@ -79,8 +83,8 @@ def _report(result: EditResult, as_json: bool, dry_run: bool = False, kept: int 
             print(f"renamed {old} -> {new}")
         for name in changes.removed:
             print(f"removed {name}")
-        print(f"{changes.rewrote} references rewritten in {len(changes.files)} files; "
-              f"revision {result.revision}{dry_run_note}")
+        print(f"{plural(changes.rewrote, 'reference')} rewritten in "
+              f"{plural(len(changes.files), 'file')}; revision {result.revision}{dry_run_note}")
     else:
         for error in result.errors:
             print(f"error: {error.code}: {error.message}", file=sys.stderr)

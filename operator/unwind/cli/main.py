@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from .. import __version__
-from . import check_cmds
+from . import check_cmds, completion
 from .check_cmds import cmd_validate as cmd_validate  # kept importable from here
 from .output import MACHINE, emit, error_document, wanted_format
 
@@ -72,6 +72,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"unwind {__version__}")
     sub: Any = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     check_cmds.register(sub)
+    completion.register(sub)
 
     p = sub.add_parser("crds", help="write the CRDs generated from the models")
     p.add_argument("--out", action="append", help="output folder (repeatable; default crds/ and "

@@ -32,6 +32,11 @@ _ARGS_PLACEHOLDER = re.compile(r"args\.[A-Za-z0-9_\-]+(\.[A-Za-z0-9_\-]+)*")  # 
 _ROOT_WORDS = {"args": "$args", "result": "$result", "key": "$key", "const": "a {const: ...} literal"}
 
 
+def _a(word: str) -> str:
+    """The word with its indefinite article: a compensable, an irreversible."""
+    return f"{'an' if word[:1].lower() in 'aeiou' else 'a'} {word}"
+
+
 def _name_problem(name: str) -> str | None:
     if len(name) > 128:
         return f"is {len(name)} characters long; the limit is 128"
@@ -65,10 +70,10 @@ def permission_has_no_whitespace(m: ToolManifest) -> Iterator[Finding]:
 def compensation_matches_effect(m: ToolManifest) -> Iterator[Finding]:
     """Reversible and compensable tools declare a compensation; other effects must not."""
     if m.effect in UNDOABLE and m.compensation is None:
-        yield "compensation", (f"a {m.effect} tool must declare how it is undone: add "
+        yield "compensation", (f"{_a(m.effect)} tool must declare how it is undone: add "
                                "compensation: {tool, argument_map}")
     if m.effect not in UNDOABLE and m.compensation is not None:
-        yield "compensation", (f"a {m.effect} tool has nothing to undo: remove compensation, "
+        yield "compensation", (f"{_a(m.effect)} tool has nothing to undo: remove compensation, "
                                "or change effect to reversible or compensable")
 
 
@@ -166,7 +171,7 @@ def deadline_bounds_an_inverse(m: ToolManifest) -> Iterator[Finding]:
 
 def retry_only_when_safe(m: ToolManifest) -> Iterator[Finding]:
     if m.retry is not None and m.effect not in (Effect.read_only, Effect.idempotent):
-        yield "retry", (f"retrying a {m.effect} tool could repeat its effect: remove retry, "
+        yield "retry", (f"retrying {_a(m.effect)} tool could repeat its effect: remove retry, "
                         "or declare the tool idempotent if repeating it is safe")
 
 

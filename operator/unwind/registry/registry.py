@@ -248,7 +248,8 @@ class Registry:
         problems = self.verify(None)
         if problems:
             raise RegistryError(problems[0].code, (
-                f"not signing {self.storage.location()}: {len(problems)} problem(s), the first: "
+                f"not signing {self.storage.location()}: {len(problems)} "
+                f"{'problem' if len(problems) == 1 else 'problems'}, the first: "
                 f"{problems[0]}; run `unwind manifests verify` and fix them first"))
         return self._update_index(key)
 
