@@ -163,3 +163,16 @@ def test_test_with_no_case_found_is_not_a_silent_pass(project: Path, unwind: Run
     code, _, err = unwind("test", "empty", "-m", "manifests")
     assert code == 1 and "no contract test case found in empty" in err
     assert unwind("test", "empty", "-m", "manifests", "--allow-empty")[0] == 0
+
+
+def test_files_in_a_test_folder_that_hold_no_case_are_listed_not_read_as_broken_tests(
+        project: Path, unwind: Run) -> None:
+    contracts(project, "")
+    shutil.copytree(REPO / "tests" / "contracts", project / "suite")
+    shutil.copy(REPO / "manifests" / "payments.yaml", project / "suite" / "fixture.yaml")
+    code, out, err = unwind("test", "suite", "-m", "manifests")
+    assert code == 0, err
+    assert out.splitlines()[-2:] == ["not test files (1 file found in the folders given):",
+                                     "  suite/fixture.yaml: holds tool manifests: not read as tests"]
+    code, _, err = unwind("test", "suite/fixture.yaml", "-m", "manifests")  # named: read as tests
+    assert code == 1 and "a test file holds a list of cases" in err

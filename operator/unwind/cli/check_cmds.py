@@ -210,7 +210,7 @@ def cmd_lint(args: argparse.Namespace) -> int:
 # ---- test ------------------------------------------------------------------------------------
 
 def cmd_test(args: argparse.Namespace) -> int:
-    from ..manifest.contract import Report, format_text, load_cases, report_json, run_cases
+    from ..manifest.contract import Report, format_text, load_case_files, report_json, run_cases
     from .reports import junit_test, sarif_test
 
     fmt = output_format(args)
@@ -218,7 +218,7 @@ def cmd_test(args: argparse.Namespace) -> int:
     invalid = list(result.issues)
     if result.read == 0 and not args.allow_empty:
         invalid.append(_no_manifest(args.manifests, result))
-    cases, errors = load_cases(args.files or ["tests/contracts"])
+    cases, errors, skipped = load_case_files(args.files or ["tests/contracts"])
     invalid += errors
     if not cases and not errors and not args.allow_empty:
         invalid.append(Issue(None, "", f"no contract test case found in "
@@ -227,13 +227,17 @@ def cmd_test(args: argparse.Namespace) -> int:
     report = run_cases(cases, result.manifests) if not invalid else Report()
     ok = not invalid and report.ok
     if fmt in ("json", "yaml"):
-        emit({**report_json(report), "ok": ok, "invalid": [i.to_json() for i in invalid]}, fmt)
+        emit({**report_json(report), "ok": ok, "invalid": [i.to_json() for i in invalid],
+              "skipped": [s.to_json() for s in skipped]}, fmt)
     elif fmt == "junit":
         sys.stdout.write(junit_test(report, invalid))
     elif fmt == "sarif":
         sys.stdout.write(sarif_test(report, invalid))
     elif not invalid:
         print(format_text(report))
+    if skipped and fmt == "text":
+        print(f"not test files ({plural(len(skipped), 'file')} found in the folders given):")
+        print("\n".join(_skipped_lines(skipped)))
     _print_issues(invalid)
     return 0 if ok else 1
 

@@ -42,9 +42,10 @@ from typing import Any, ClassVar, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
+from ..workspace.walk import expand
 from .issues import Issue, issues_from_validation_error
 from .keys import KeyRenderError, render_key
-from .loader import Sourced, documents, duplicate_keys, expand_paths
+from .loader import SUFFIXES, Skip, Sourced, documents, duplicate_keys, load_text
 from .model import Effect, Lifecycle, ToolManifest
 from .refs import RefSyntaxError, parse_ref, resolve_map
 
@@ -159,14 +160,32 @@ def _load_case(src: Sourced) -> tuple[TestCase | None, list[Issue]]:
 
 def load_cases(paths: Sequence[str | os.PathLike[str]]) -> tuple[list[TestCase], list[Issue]]:
     """Every case in the files and folders given (*.yaml, *.yml, *.json), and every error."""
-    files, errors = expand_paths(paths)
+    cases, errors, _ = load_case_files(paths)
+    return cases, errors
+
+
+def load_case_files(paths: Sequence[str | os.PathLike[str]]) -> tuple[list[TestCase], list[Issue], list[Skip]]:
+    """``load_cases``, and the files found in folders that hold no test case (manifests,
+    other YAML), which are listed rather than read as broken test files. A file named on
+    the command line is always read as a test file."""
+    walked = expand(paths, SUFFIXES)
+    errors = [Issue(None, "", "no such file or folder", file=str(p)) for p in walked.missing]
     cases: list[TestCase] = []
-    for path in files:
+    skipped: list[Skip] = []
+    for path in walked.files:
         try:
             text = Path(path).read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as exc:
             errors.append(Issue(None, "", f"cannot read the file: {exc}", file=str(path)))
             continue
+        if path not in walked.given:
+            what = load_text(text, str(path))
+            if what.items or not any(s.kind == "contract_test" for s in what.skipped):
+                reason = ("holds tool manifests" if what.items else
+                          "; ".join(dict.fromkeys(s.reason for s in what.skipped)) or
+                          "holds no test case")
+                skipped.append(Skip(str(path), None, "not_tests", f"{reason}: not read as tests"))
+                continue
         found, problems = load_cases_text(text, str(path))
         cases.extend(found)
         errors.extend(problems)
@@ -177,7 +196,7 @@ def load_cases(paths: Sequence[str | os.PathLike[str]]) -> tuple[list[TestCase],
             errors.append(Issue(None, "name", f"case {case.name!r} is also defined at "
                                 f"{first.file}:{first.line}: give each case its own name",
                                 file=case.file, line=case.line))
-    return cases, errors
+    return cases, errors, skipped
 
 
 # ---- running ----------------------------------------------------------------------------
