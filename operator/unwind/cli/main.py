@@ -11,17 +11,15 @@ via UNWIND_DEBUG=1).
 from __future__ import annotations
 
 import argparse
-import difflib
 import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 from .. import __version__
-from . import check_cmds, completion
+from . import check_cmds, completion, usage
 from .check_cmds import cmd_validate as cmd_validate  # kept importable from here
-from .output import MACHINE, emit, error_document, wanted_format
 
 
 def cmd_crds(args: argparse.Namespace) -> int:
@@ -33,42 +31,8 @@ def cmd_crds(args: argparse.Namespace) -> int:
     return 0
 
 
-class Parser(argparse.ArgumentParser):
-    """argparse, with usage errors that help: the usage of the command that was meant (not
-    of `unwind` as a whole), a "did you mean" for a misspelled command, and, when a machine
-    format was asked for, the error as the one JSON document on stdout too."""
-
-    def error(self, message: str) -> NoReturn:
-        if "invalid choice" in message:
-            word = message.split("'")[1] if message.count("'") >= 2 else ""
-            choices = [c for a in self._actions if isinstance(a, argparse._SubParsersAction)
-                       for c in a.choices]
-            close = difflib.get_close_matches(word, choices, n=1)
-            if close:
-                message += f"; did you mean {close[0]!r}?"
-        fmt = wanted_format(sys.argv[1:] if _ARGV is None else _ARGV)
-        if fmt in MACHINE:
-            emit(error_document("usage", message, command=self.prog,
-                                usage=self.format_usage().strip()), fmt)
-        self.print_usage(sys.stderr)
-        self.exit(2, f"{self.prog}: error: {message}\n")
-
-
-_ARGV: list[str] | None = None  # the command line main() parses, for Parser.error
-
-
-def _chosen(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.ArgumentParser:
-    """The (sub)parser of the command given, however deep (`unwind manifests publish`)."""
-    while True:
-        sub = next((a for a in parser._actions if isinstance(a, argparse._SubParsersAction)), None)
-        name = getattr(args, sub.dest, None) if sub is not None else None
-        if sub is None or name not in sub.choices:
-            return parser
-        parser = sub.choices[name]
-
-
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
-    parser = Parser(prog="unwind", description=__doc__.splitlines()[0] if __doc__ else None)
+    parser = usage.Parser(prog="unwind", description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--version", action="version", version=f"unwind {__version__}")
     sub: Any = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     check_cmds.register(sub)
@@ -116,18 +80,17 @@ def _register_optional(sub: argparse._SubParsersAction[argparse.ArgumentParser],
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    global _ARGV
     from .kubectl import hoist_kube_flags
 
     # `kubectl unwind -n NS status` hands the plugin `-n NS status`: accept kubectl's
     # connection flags before a plugin command too.
     argv = hoist_kube_flags(list(sys.argv[1:] if argv is None else argv), PLUGIN_COMMANDS)
-    _ARGV = argv
+    usage.ARGV[:] = argv
     command = next((a for a in argv if not a.startswith("-")), None)
     parser = build_parser(command)
     args, extra = parser.parse_known_args(argv)
     if extra:  # reported by the command's own parser, with its usage
-        _chosen(parser, args).error(f"unrecognized arguments: {' '.join(extra)}")
+        usage.chosen(parser, args).error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         code: int = args.func(args)
     except KeyboardInterrupt:
