@@ -176,3 +176,22 @@ def test_files_in_a_test_folder_that_hold_no_case_are_listed_not_read_as_broken_
                                      "  suite/fixture.yaml: holds tool manifests: not read as tests"]
     code, _, err = unwind("test", "suite/fixture.yaml", "-m", "manifests")  # named: read as tests
     assert code == 1 and "a test file holds a list of cases" in err
+
+
+def test_a_bare_manifest_silences_a_code_with_a_comment_inside_it(project: Path, unwind: Run) -> None:
+    (project / "m.yaml").write_text(
+        "- tool: shop.cancel_order\n"
+        "  effect: idempotent\n"
+        "  permission: shop:write\n"
+        "  description: Cancel one order.\n"
+        "  owner: [shop-team]\n"
+        "  # ignore-check.unwind.dev/L012: holds no customer data\n"
+        "  timeout_ms: 5s\n"
+        "- {tool: shop.close_order, effect: idempotent, permission: shop:write, description: x,"
+        " owner: [t], timeout_ms: 5s}\n")
+    code, out, _ = unwind("lint", "--strict", "m.yaml", "--json")
+    doc = json.loads(out)
+    assert code == 1  # the second manifest is not silenced
+    assert [(f["code"], f["tool"]) for f in doc["findings"]] == [("L012", "shop.close_order")]
+    assert [(s["tool"], s["reason"]) for s in doc["silenced"]] == [("shop.cancel_order",
+                                                                    "holds no customer data")]

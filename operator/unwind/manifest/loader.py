@@ -284,14 +284,34 @@ def load_text(text: str, file: str | None = None,
                                    "check what it renders to with `helm template ... | "
                                    "unwind validate -`"))
         return result
+    lines: list[str] | None = None
     for part in parts:
         if isinstance(part, Issue):
             result.errors.append(part)
             continue
         node, value = part
         result.errors.extend(duplicate_keys(node, file))
+        first = len(result.items)
         _collect(value, node, None, file, result, namespace)
+        for item in result.items[first:]:
+            if item.namespace is None and item.node is not None and "# ignore-check." in text:
+                lines = lines if lines is not None else text.splitlines()
+                _comment_annotations(item, lines)
     return result
+
+
+_IGNORE_COMMENT = re.compile(r"#\s*(ignore-check\.unwind\.dev/[^\s:]+)\s*:?\s*(.*?)\s*$")
+
+
+def _comment_annotations(item: Sourced, lines: list[str]) -> None:
+    """A bare manifest has no metadata: a comment inside it, `# ignore-check.unwind.dev/L016:
+    reason`, stands for the annotation a resource would carry (lint reads both the same)."""
+    assert item.node is not None
+    for number in range(item.node.start_mark.line, min(item.node.end_mark.line + 1, len(lines))):
+        match = _IGNORE_COMMENT.search(lines[number])
+        if match:
+            item.annotations[match.group(1)] = match.group(2).strip("\"'")
+            item.annotation_lines[match.group(1)] = number + 1
 
 
 def _collect(value: Any, node: yaml.Node, key: yaml.Node | None, file: str | None,
