@@ -195,3 +195,16 @@ def test_a_bare_manifest_silences_a_code_with_a_comment_inside_it(project: Path,
     assert [(f["code"], f["tool"]) for f in doc["findings"]] == [("L012", "shop.close_order")]
     assert [(s["tool"], s["reason"]) for s in doc["silenced"]] == [("shop.cancel_order",
                                                                     "holds no customer data")]
+
+
+def test_a_tool_declared_differently_in_two_namespaces_cannot_be_tested_without_a_guess(
+        project: Path, unwind: Run) -> None:
+    for ns, permission in (("one", "p:read"), ("two", "q:read")):
+        (project / f"{ns}.yaml").write_text(
+            "apiVersion: unwind.dev/v1alpha1\nkind: ToolManifest\n"
+            f"metadata: {{name: get, namespace: {ns}}}\n"
+            f"spec: {{tool: shop.get_order, effect: read_only, permission: {permission}}}\n")
+    (project / "t.yaml").write_text("- {name: reads, tool: shop.get_order, expect_plan: skip}\n")
+    code, _, err = unwind("test", "t.yaml", "-m", "one.yaml", "two.yaml")
+    assert code == 1 and "shop.get_order: declared differently in one and two" in err
+    assert unwind("test", "t.yaml", "-m", "one.yaml")[0] == 0

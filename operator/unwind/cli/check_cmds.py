@@ -224,6 +224,7 @@ def cmd_test(args: argparse.Namespace) -> int:
         invalid.append(Issue(None, "", f"no contract test case found in "
                              f"{', '.join(args.files or ['tests/contracts'])}: nothing was "
                              "tested; pass --allow-empty if that is expected"))
+    invalid += _ambiguous_tools(result)
     report = run_cases(cases, result.manifests) if not invalid else Report()
     ok = not invalid and report.ok
     if fmt in ("json", "yaml"):
@@ -240,6 +241,23 @@ def cmd_test(args: argparse.Namespace) -> int:
         print("\n".join(_skipped_lines(skipped)))
     _print_issues(invalid)
     return 0 if ok else 1
+
+
+def _ambiguous_tools(result: CheckResult) -> list[Issue]:
+    """A contract test names a tool, not a namespace: a tool declared differently in two
+    namespaces of the manifests given cannot be tested without a guess."""
+    from ..manifest.canonical import checksum
+
+    seen: dict[str, dict[str, str | None]] = {}  # tool -> checksum -> a namespace holding it
+    for m, src in zip(result.manifests, result.sources, strict=True):
+        seen.setdefault(m.tool, {})[checksum(m.canonical_dict())] = src.namespace
+    issues = []
+    for tool, versions in sorted(seen.items()):
+        if len(versions) > 1:
+            where = " and ".join(sorted(_where(ns) for ns in versions.values()))
+            issues.append(Issue(tool, "", f"declared differently in {where}: a contract test "
+                                "names a tool, not a namespace; give -m one namespace's files"))
+    return issues
 
 
 # ---- schema ----------------------------------------------------------------------------------
