@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from unwind.edit.ignore import ignored, parse_gitignore
+from unwind.workspace.ignore import ignored, parse_gitignore
 
 CASES = [
     # (pattern lines, path, is_dir, ignored?)

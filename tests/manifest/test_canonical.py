@@ -12,7 +12,7 @@ from unwind.manifest.canonical import canonical_json, checksum
 from unwind.manifest.model import ToolManifest
 
 words = st.from_regex(r"[a-z][a-z0-9_]{0,10}", fullmatch=True)
-durations = st.one_of(st.integers(0, 10**7), st.builds(lambda n, u: f"{n}{u}", st.integers(0, 999),
+durations = st.one_of(st.integers(0, 10**7), st.builds(lambda n, u: f"{n}{u}", st.integers(0, 366),
                                                        st.sampled_from(["ms", "s", "m", "h", "d"])))
 refs = st.one_of(words.map(lambda w: f"$args.{w}"), words.map(lambda w: f"$result.{w}?"),
                  st.builds(lambda v: {"const": v}, st.one_of(st.integers(), st.text(max_size=5))))

@@ -181,9 +181,11 @@ def test_expect_handle_matches_the_resolved_undo_arguments_exactly() -> None:
 def test_expect_handle_fails_on_a_different_or_extra_value() -> None:
     message = fails(**CHARGE, expect_handle={"charge_id": "ch_1", "amount": "2500"})
     assert message == ('the undo arguments are {"amount": 2500, "charge_id": "ch_1"}, expected '
-                       '{"amount": "2500", "charge_id": "ch_1"}')
-    assert "the undo arguments are" in fails(
-        **CHARGE, expect_handle={"charge_id": "ch_1", "amount": 2500, "reason": None})
+                       '{"amount": "2500", "charge_id": "ch_1"}: amount is 2500, expected "2500"')
+    assert fails(**CHARGE, expect_handle={"charge_id": "ch_1", "amount": 2500, "reason": None}
+                 ).endswith(": reason is missing")
+    assert fails(**CHARGE, expect_handle={"charge_id": "ch_1"}).endswith(
+        ": amount is not expected (it is 2500)")
 
 
 def test_expect_handle_tells_a_bool_from_a_number() -> None:
@@ -201,7 +203,8 @@ def test_expect_handle_fails_when_there_is_no_handle() -> None:
 def test_expect_verification_matches_the_resolved_read_back_arguments() -> None:
     passes(**CHARGE, expect_verification={"charge_id": "ch_1"})
     assert fails(**CHARGE, expect_verification={"charge_id": "ch_2"}) == (
-        'the verification arguments are {"charge_id": "ch_1"}, expected {"charge_id": "ch_2"}')
+        'the verification arguments are {"charge_id": "ch_1"}, expected {"charge_id": "ch_2"}: '
+        'charge_id is "ch_1", expected "ch_2"')
 
 
 def test_expect_verification_fails_when_its_arguments_are_missing() -> None:
@@ -358,16 +361,19 @@ def test_the_report_lists_results_and_tools_no_case_covers() -> None:
     report = run_cases(cases, MANIFESTS)
     assert report.not_covered == ["promo.preview", "ship.create_label", "ship.void_label",
                                   "stripe.get_charge", "stripe.refund"]
+    why = "the plan is unrecoverable (mail.send is irreversible: nothing can undo it), expected skip"
     assert report_json(report) == {
-        "passed": 1, "failed": 1,
-        "results": [{"name": "ok one", "ok": True, "message": None},
-                    {"name": "bad one", "ok": False, "message": "the plan is unrecoverable "
-                     "(mail.send is irreversible: nothing can undo it), expected skip"}],
+        "ok": False, "passed": 1, "failed": 1,
+        "results": [{"name": "ok one", "ok": True, "message": None, "tool": "stripe.create_charge",
+                     "file": None, "line": None, "failures": []},
+                    {"name": "bad one", "ok": False, "message": why, "tool": "mail.send",
+                     "file": None, "line": None,
+                     "failures": [{"field": "expect_plan", "message": why, "line": None}]}],
         "not_covered": report.not_covered}
     assert format_text(report).splitlines() == [
         "ok   ok one",
-        "FAIL bad one: the plan is unrecoverable (mail.send is irreversible: nothing can undo "
-        "it), expected skip",
+        "FAIL bad one",
+        f"  expect_plan: {why}",
         "not covered by any test: promo.preview, ship.create_label, ship.void_label, "
         "stripe.get_charge, stripe.refund",
         "1 passed, 1 failed"]
@@ -388,3 +394,31 @@ def test_the_example_payments_contract_tests_pass_and_cover_every_tool() -> None
     assert report.failed == 0, format_text(report)
     assert report.not_covered == []
     assert {c.tool for c in cases} == {"stripe.get_charge", "stripe.create_charge", "stripe.refund"}
+
+
+def test_a_failure_names_the_file_and_line_of_the_expectation_it_is_about(tmp_path: Path) -> None:
+    (tmp_path / "t.yaml").write_text(
+        "tests:\n"
+        "  - name: refund handle\n"
+        "    tool: stripe.create_charge\n"
+        "    args: {order_id: o1, amount: 2500}\n"
+        "    result: {id: ch_1}\n"
+        "    expect_handle:\n"
+        "      charge_id: ch_9\n")
+    cases, errors = load_cases([tmp_path])
+    assert errors == []
+    report = run_cases(cases, MANIFESTS)
+    failure = report.results[0].failures[0]
+    assert (report.results[0].line, failure.field, failure.line) == (2, "expect_handle", 6)
+    assert f"  {tmp_path / 't.yaml'}:6: expect_handle: the undo arguments are" in format_text(report)
+    assert failure.message.endswith('charge_id is "ch_1", expected "ch_9"')
+
+
+def test_a_case_naming_a_tool_that_does_not_exist_suggests_the_closest_one() -> None:
+    assert fails(tool="stripe.refnud") == "no manifest for tool stripe.refnud (did you mean stripe.refund?)"
+
+
+def test_a_key_given_twice_in_a_case_is_an_error(tmp_path: Path) -> None:
+    (tmp_path / "t.yaml").write_text("- name: a\n  tool: stripe.refund\n  name: b\n")
+    _, errors = load_cases([tmp_path])
+    assert [(e.line, e.path) for e in errors] == [(3, "[0].name")]

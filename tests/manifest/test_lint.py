@@ -311,17 +311,20 @@ def test_the_json_report_lists_findings_and_counts_info_as_notes() -> None:
     findings = [Finding("L023", "error", "a", "m1"), Finding("L011", "warning", "b", "m2"),
                 Finding("L022", "info", "b", "m3")]
     assert lint_report_json(findings) == {
-        "findings": [{"code": "L023", "level": "error", "tool": "a", "message": "m1"},
-                     {"code": "L011", "level": "warning", "tool": "b", "message": "m2"},
-                     {"code": "L022", "level": "info", "tool": "b", "message": "m3"}],
-        "errors": 1, "warnings": 1, "notes": 1}
+        "findings": [{"code": "L023", "level": "error", "tool": "a", "path": "", "message": "m1",
+                      "file": None, "line": None},
+                     {"code": "L011", "level": "warning", "tool": "b", "path": "", "message": "m2",
+                      "file": None, "line": None},
+                     {"code": "L022", "level": "info", "tool": "b", "path": "", "message": "m3",
+                      "file": None, "line": None}],
+        "errors": 1, "warnings": 1, "notes": 1, "silenced": []}
 
 
 def test_the_text_report_reads_like_the_documentation() -> None:
     text = lint_report_text([Finding("L011", "warning", "stripe.refund", "m"),
                              Finding("L022", "info", "stripe.refund", "n")])
     assert text.splitlines() == ["warning L011  stripe.refund: m", "info    L022  stripe.refund: n",
-                                 "0 errors, 1 warnings, 1 notes"]
+                                 "0 errors, 1 warning, 1 note"]
 
 
 def test_the_schema_hash_ignores_key_order_and_changes_with_the_schema() -> None:

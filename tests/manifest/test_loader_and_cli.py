@@ -37,7 +37,7 @@ def test_bare_manifests_lists_and_multi_document_files_are_all_read() -> None:
     text = "tool: a\neffect: read_only\npermission: p\n---\n- {tool: b, effect: read_only, permission: p}\n"
     loaded = load_text(text + "---\n" + RESOURCE.replace("attempts: 30", "attempts: 3"), "f.yaml")
     assert [i.data["tool"] for i in loaded.items] == ["a", "b", "stripe.refund"]
-    assert [i.line for i in loaded.items] == [1, 5, 11]
+    assert [i.line for i in loaded.items] == [1, 5, 10]  # a resource: the line of spec:
 
 
 def test_other_kubernetes_resources_beside_manifests_are_ignored() -> None:
@@ -66,7 +66,11 @@ def test_a_missing_path_is_an_error_not_a_traceback(capsys: pytest.CaptureFixtur
 
 def test_validate_prints_the_success_line_for_the_examples(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["validate", str(ROOT / "manifests")]) == 0
-    assert capsys.readouterr().out.strip() == "ok: 13 tool manifests valid"
+    assert capsys.readouterr().out.splitlines() == [
+        "ok: 13 tool manifests valid (code-hosting: 10, payments: 3)",
+        "not checked (1 file holding no tool manifest):",
+        f"  {ROOT / 'manifests' / '00-namespaces.yaml'}: Kubernetes Namespace 'payments': not a "
+        "ToolManifest; Kubernetes Namespace 'code-hosting': not a ToolManifest"]
 
 
 def test_validate_json_has_the_documented_shape(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -74,10 +78,11 @@ def test_validate_json_has_the_documented_shape(tmp_path: Path, capsys: pytest.C
     path.write_text(RESOURCE)
     assert main(["validate", "--json", str(path)]) == 1
     out = json.loads(capsys.readouterr().out)
-    assert out == {"ok": False, "count": 0, "errors": [{
-        "tool": "stripe.refund", "path": "retry.attempts",
-        "message": "input should be less than or equal to 10 (got 30)",
-        "file": str(path), "line": 9}]}
+    assert out == {"ok": False, "count": 0, "read": 1, "files": 1, "namespaces": [],
+                   "checked": {"tool_manifests": 1}, "skipped": [], "errors": [{
+                       "tool": "stripe.refund", "path": "retry.attempts",
+                       "message": "input should be less than or equal to 10 (got 30)",
+                       "file": str(path), "line": 9}]}
 
 
 def test_set_level_errors_carry_their_file_and_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -111,7 +116,8 @@ def test_the_example_contract_tests_pass_and_cover_every_example_tool(capsys: py
 
 def test_the_examples_lint_clean_under_strict(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["lint", "--strict", "--json", str(ROOT / "manifests")]) == 0
-    assert json.loads(capsys.readouterr().out) == {"findings": [], "errors": 0, "warnings": 0, "notes": 0}
+    report = json.loads(capsys.readouterr().out)
+    assert (report["findings"], report["errors"], report["warnings"], report["notes"]) == ([], 0, 0, 0)
 
 
 def test_lint_json_reports_findings_with_their_levels(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -119,8 +125,8 @@ def test_lint_json_reports_findings_with_their_levels(tmp_path: Path, capsys: py
     path.write_text("- {tool: a.write, effect: idempotent, permission: p}\n")
     assert main(["lint", "--json", "--strict", str(path)]) == 1
     report = json.loads(capsys.readouterr().out)
-    assert {"code": "L011", "level": "warning", "tool": "a.write",
-            "message": report["findings"][1]["message"]} in report["findings"]
+    assert {"code": "L011", "level": "warning", "tool": "a.write", "path": "owner", "file": str(path),
+            "line": 1, "message": report["findings"][1]["message"]} in report["findings"]
     assert report["errors"] == 0 and report["warnings"] >= 2
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import re
 
 import pytest
 from hypothesis import given
@@ -74,3 +75,26 @@ def test_a_parsed_reference_prints_back_to_an_equal_reference(root: str, path: l
 def test_no_string_crashes_the_parser(text: str) -> None:
     with contextlib.suppress(RefSyntaxError):
         parse_ref(text)
+
+
+def test_a_manifest_duration_longer_than_a_year_is_refused_but_a_plain_duration_is_not() -> None:
+    from unwind.manifest.durations import parse_manifest_duration
+
+    assert parse_manifest_duration("366d") == 366 * 86_400_000
+    with pytest.raises(ValueError, match="longer than a year"):
+        parse_manifest_duration("367d")
+    with pytest.raises(ValueError, match="longer than a year"):
+        parse_manifest_duration(10**15)
+    assert parse_duration("825d") == 825 * 86_400_000  # a certificate lifetime may be longer
+
+
+@pytest.mark.parametrize(("raw", "hint"), [("$arg.id", "$args.id"), ("$results.id", "$result.id"),
+                                           ("args.x[0]", "$args.x[0]"), ("$keys", "$key")])
+def test_a_misspelled_root_is_answered_with_the_likely_reference(raw: str, hint: str) -> None:
+    with pytest.raises(RefSyntaxError, match=re.escape(f"(did you mean {hint}?)")):
+        parse_ref(raw)
+
+
+def test_a_position_in_a_reference_counts_its_characters_from_one() -> None:
+    with pytest.raises(RefSyntaxError, match=re.escape("after the '.' at character 9 ")):
+        parse_ref("$args.id.")  # the 9th character is the last dot

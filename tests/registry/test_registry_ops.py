@@ -94,9 +94,17 @@ def test_deprecating_again_with_the_same_replacement_changes_nothing(tmp_path: P
     assert registry.load()["a"].replaced_by == "b"
 
 
-def test_operations_on_an_unknown_tool_say_so(tmp_path: Path) -> None:
-    with pytest.raises(RegistryError, match="nope is not in the registry"):
+def test_operations_on_a_registry_that_does_not_exist_say_so(tmp_path: Path) -> None:
+    with pytest.raises(RegistryError, match=r"no registry at .*index\.json: publish something first"):
         _registry(tmp_path).approve("nope", by="x")
+
+
+def test_operations_on_an_unknown_tool_say_so_and_suggest_a_close_name(tmp_path: Path) -> None:
+    registry = _registry(tmp_path)
+    registry.publish([{"tool": "stripe.refund", "effect": "idempotent", "permission": "p"}], by="x")
+    with pytest.raises(RegistryError, match=r"stripe.refnd is not in the registry at .* \(did you "
+                       r"mean stripe.refund\?\)"):
+        registry.approve("stripe.refnd", by="x")
 
 
 def test_the_benchmark_runs_and_prints_each_operation(capsys: pytest.CaptureFixture[str]) -> None:

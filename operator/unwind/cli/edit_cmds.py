@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -14,20 +15,19 @@ from ..edit import apply_to_paths, remove, rename
 from ..edit.result import EditResult, Skipped
 from ..manifest.issues import Issue
 from ..manifest.loader import LoadResult, check, load_text
-
-
-def _is_test_case(data: Any) -> bool:
-    return isinstance(data, dict) and "effect" not in data and ("tests" in data or "name" in data)
+from .output import fail, plural
 
 
 def _issues(files: Mapping[str, str]) -> list[Issue]:
-    """Every problem of the manifests in these files, set level included (contract test
-    cases are not manifests and are left out)."""
+    """Every problem of the manifests in these files, set level included (the loader sets
+    contract test cases and other documents aside)."""
     loaded = LoadResult()
     for name, text in files.items():
         loaded.extend(load_text(text, name))
-    loaded.items = [i for i in loaded.items if not _is_test_case(i.data)]
     return check(loaded).issues
+
+
+_HINT = re.compile(r" \(did you mean [^)]*\?\)")
 
 
 class NewProblems:
@@ -49,7 +49,7 @@ class NewProblems:
 
     @staticmethod
     def _key(issue: Issue, renamed: Mapping[str, str]) -> tuple[str, ...]:
-        tool, message = issue.tool or "", issue.message
+        tool, message = issue.tool or "", _HINT.sub("", issue.message)  # a suggestion may change
         for old, new in renamed.items():  # messages quote the names they mention: 'a.b'
             tool = new if tool == old else tool
             message = message.replace(f"'{old}'", f"'{new}'").replace(f'"{old}"', f'"{new}"')
@@ -74,15 +74,17 @@ class NewProblems:
 def _report(result: EditResult, as_json: bool, dry_run: bool = False, kept: int = 0) -> int:
     dry_run_note = " (dry run: nothing written)" if dry_run else ""
     if as_json:
-        print(json.dumps({**result.to_json(), "existing_problems": kept}, indent=2))
+        print(json.dumps({"ok": result.success, **result.to_json(), "dry_run": dry_run,
+                          "written": result.success and not dry_run and bool(result.changes.files),
+                          "existing_problems": kept}, indent=2))
     elif result.success:
         changes = result.changes
         for old, new in changes.renamed:
             print(f"renamed {old} -> {new}")
         for name in changes.removed:
             print(f"removed {name}")
-        print(f"{changes.rewrote} references rewritten in {len(changes.files)} files; "
-              f"revision {result.revision}{dry_run_note}")
+        print(f"{plural(changes.rewrote, 'reference')} rewritten in "
+              f"{plural(len(changes.files), 'file')}; revision {result.revision}{dry_run_note}")
     else:
         for error in result.errors:
             print(f"error: {error.code}: {error.message}", file=sys.stderr)
@@ -111,8 +113,13 @@ def _print_skipped(skipped: Sequence[Skipped]) -> None:
                   file=sys.stderr)
 
 
-def _missing_path(exc: FileNotFoundError) -> int:
+def _missing_path(exc: FileNotFoundError, as_json: bool) -> int:
     print(f"error: {exc}", file=sys.stderr)
+    if as_json:  # the one document on stdout, shaped like a refused edit
+        print(json.dumps({"ok": False, "success": False, "revision": None, "changes": None,
+                          "errors": [{"code": "not_found", "message": str(exc), "references": []}],
+                          "skipped": [], "dry_run": False, "written": False,
+                          "existing_problems": 0}, indent=2))
     return 1
 
 
@@ -122,7 +129,7 @@ def _edit(args: argparse.Namespace, paths: list[str], validator: NewProblems, op
         result = apply_to_paths(paths or ["."], op, *op_args, base_revision=args.base_revision,
                                 validator=validator, write=not args.dry_run)
     except FileNotFoundError as exc:
-        return _missing_path(exc)
+        return _missing_path(exc, args.json)
     return _report(result, args.json, args.dry_run, validator.kept)
 
 
@@ -147,9 +154,8 @@ def cmd_remove(args: argparse.Namespace) -> int:
     else:
         tools, paths = split_tools_and_paths(args.words)
     if not tools:
-        print(f"error: no tool to remove: {', '.join(args.words)} are all files or folders; "
-              "name the tools first: unwind manifests remove TOOL... [PATHS...]", file=sys.stderr)
-        return 1
+        return fail(args, "usage", f"no tool to remove: {', '.join(args.words)} are all files or "
+                    "folders; name the tools first: unwind manifests remove TOOL... [PATHS...]")
     for tool in tools:
         if tool.endswith(PATH_SUFFIXES):
             print(f'note: "{tool}" is not an existing file or folder, so it is read as a tool name',

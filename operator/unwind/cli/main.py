@@ -11,100 +11,15 @@ via UNWIND_DEBUG=1).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
-from ..manifest.loader import CheckResult, check_paths
-
-
-def _print_json(value: object) -> None:
-    print(json.dumps(value, indent=2, ensure_ascii=False))
-
-
-def cmd_validate(args: argparse.Namespace) -> int:
-    result = check_paths(args.paths)
-    if args.json:
-        _print_json({"ok": result.ok, "count": len(result.manifests),
-                     "errors": [i.to_json() for i in result.issues]})
-    elif result.ok:
-        print(f"ok: {len(result.manifests)} tool manifests valid")
-    else:
-        for issue in result.issues:
-            print(f"error: {issue}", file=sys.stderr)
-        print(f"{len(result.issues)} errors in {len(result.sources) + len(result.issues)} "
-              "checks", file=sys.stderr)
-    return 0 if result.ok else 1
-
-
-def _valid_or_report(result: CheckResult) -> bool:
-    for issue in result.issues:
-        print(f"error: {issue}", file=sys.stderr)
-    return result.ok
-
-
-def cmd_lint(args: argparse.Namespace) -> int:
-    from ..manifest.lint import lint, lint_report_json, lint_report_text
-
-    result = check_paths(args.paths)
-    if not _valid_or_report(result):
-        return 1
-    schemas = None
-    if args.upstream_schemas:
-        try:
-            schemas = json.loads(Path(args.upstream_schemas).read_text(encoding="utf-8"))
-        except (OSError, ValueError) as exc:
-            print(f"error: {args.upstream_schemas}: cannot read upstream schemas: {exc}", file=sys.stderr)
-            return 1
-        if not isinstance(schemas, dict):
-            bad: str | None = "the file"
-        else:
-            bad = next((repr(name) for name, schema in schemas.items() if not isinstance(schema, dict)), None)
-        if bad:
-            print(f"error: {args.upstream_schemas}: {bad} is not a JSON Schema object: expected "
-                  '{"<tool>": {"type": "object", "properties": {...}}, ...}', file=sys.stderr)
-            return 1
-    findings = lint(result.manifests, schemas)
-    report = lint_report_json(findings)
-    if args.json:
-        _print_json(report)
-    else:
-        print(lint_report_text(findings))
-    if report["errors"] or (args.strict and report["warnings"]):
-        return 1
-    return 0
-
-
-def cmd_test(args: argparse.Namespace) -> int:
-    from ..manifest.contract import format_text, load_cases, report_json, run_cases
-
-    result = check_paths(args.manifests)
-    if not _valid_or_report(result):
-        return 1
-    cases, errors = load_cases(args.files or ["tests/contracts"])
-    for error in errors:
-        print(f"error: {error}", file=sys.stderr)
-    if errors:
-        return 1
-    report = run_cases(cases, result.manifests)
-    if args.json:
-        _print_json(report_json(report))
-    else:
-        print(format_text(report))
-    return 0 if report.failed == 0 else 1
-
-
-def cmd_schema(args: argparse.Namespace) -> int:
-    from ..manifest.schema import manifest_json_schema
-
-    text = json.dumps(manifest_json_schema(), indent=2, ensure_ascii=False) + "\n"
-    if args.out:
-        Path(args.out).write_text(text, encoding="utf-8")
-    else:
-        sys.stdout.write(text)
-    return 0
+from .. import __version__
+from . import check_cmds, completion, usage
+from .check_cmds import cmd_validate as cmd_validate  # kept importable from here
 
 
 def cmd_crds(args: argparse.Namespace) -> int:
@@ -117,32 +32,11 @@ def cmd_crds(args: argparse.Namespace) -> int:
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="unwind", description=__doc__.splitlines()[0] if __doc__ else None)
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
-    for name in ("validate", "check"):
-        p = sub.add_parser(name, help="validate manifest files and folders (set level included)")
-        p.add_argument("paths", nargs="+", help="YAML/JSON files or folders")
-        p.add_argument("--json", action="store_true", help="machine-readable output")
-        p.set_defaults(func=cmd_validate)
-
-    p = sub.add_parser("lint", help="find valid but unsafe or incomplete manifests")
-    p.add_argument("paths", nargs="+")
-    p.add_argument("--json", action="store_true")
-    p.add_argument("--strict", action="store_true", help="exit 1 on warnings too")
-    p.add_argument("--upstream-schemas", metavar="FILE",
-                   help="JSON object: tool name -> the upstream tool's input JSON Schema")
-    p.set_defaults(func=cmd_lint)
-
-    p = sub.add_parser("test", help="run manifest contract tests")
-    p.add_argument("files", nargs="*", help="test files or folders (default tests/contracts)")
-    p.add_argument("-m", "--manifests", nargs="+", default=["manifests"], help="manifest files or folders")
-    p.add_argument("--json", action="store_true")
-    p.set_defaults(func=cmd_test)
-
-    p = sub.add_parser("schema", help="print the manifest's JSON Schema")
-    p.add_argument("--out", help="write to this file instead of stdout")
-    p.set_defaults(func=cmd_schema)
+    parser = usage.Parser(prog="unwind", description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--version", action="version", version=f"unwind {__version__}")
+    sub: Any = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    check_cmds.register(sub)
+    completion.register(sub)
 
     p = sub.add_parser("crds", help="write the CRDs generated from the models")
     p.add_argument("--out", action="append", help="output folder (repeatable; default crds/ and "
@@ -192,9 +86,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     # `kubectl unwind -n NS status` hands the plugin `-n NS status`: accept kubectl's
     # connection flags before a plugin command too.
     argv = hoist_kube_flags(list(sys.argv[1:] if argv is None else argv), PLUGIN_COMMANDS)
+    usage.ARGV[:] = argv
     command = next((a for a in argv if not a.startswith("-")), None)
     parser = build_parser(command)
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # reported by the command's own parser, with its usage
+        usage.chosen(parser, args).error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         code: int = args.func(args)
     except KeyboardInterrupt:
@@ -202,8 +99,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as exc:  # a last resort: one line, not a traceback
         if os.environ.get("UNWIND_DEBUG"):
             raise
-        print(f"error: {type(exc).__name__}: {exc} (set UNWIND_DEBUG=1 for details)", file=sys.stderr)
-        return 1
+        from .output import fail
+
+        return fail(args, "internal", f"{type(exc).__name__}: {exc} (set UNWIND_DEBUG=1 for details)")
     return code
 
 

@@ -4,7 +4,8 @@ and print.
 
 Every handler returns an exit code; a refusal is one line ``error: ...`` on stderr and
 exit 1, never a traceback, because these commands run in CI logs and pre-merge hooks
-where the message is all a person sees.
+where the message is all a person sees. With ``--json`` (or ``-o json|yaml``) stdout is
+one document, the refusal included (``{"ok": false, "error": {"code", "message"}}``).
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ from __future__ import annotations
 import argparse
 import functools
 import getpass
-import json
 import os
 import sys
 from collections.abc import Callable
@@ -37,9 +37,12 @@ from ..registry import (
     load_private_key,
     resolve_trust,
 )
+from ..registry.config import signing_key_path
 from ..registry.index import format_time
+from ..registry.records import IndexEntry
 from ..registry.storage import Storage
-from .main import cmd_validate
+from .check_cmds import _inputs, cmd_validate
+from .output import add_output_flags, emit, fail, machine, output_format, plural, table
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -48,22 +51,25 @@ def _short(checksum: str) -> str:
     return checksum.removeprefix("sha256:")[:12]
 
 
-def _emit(value: Any) -> None:
-    print(json.dumps(value, indent=2, ensure_ascii=False))
-
-
-def _guarded(func: Handler) -> Handler:
+def _guarded(func: Handler, error_code: int = 1) -> Handler:
     @functools.wraps(func)
     def run(args: argparse.Namespace) -> int:
         try:
             return func(args)
         except RegistryError as exc:
-            print(f"error: {exc.message}", file=sys.stderr)
+            return fail(args, exc.code, exc.message, error_code)
         except OSError as exc:
-            print(f"error: {exc.filename or ''}{': ' if exc.filename else ''}"
-                  f"{exc.strerror or exc}", file=sys.stderr)
-        return 1
+            where = f"{exc.filename}: " if exc.filename else ""
+            return fail(args, "io", f"{where}{exc.strerror or exc}", error_code)
     return run
+
+
+def version_number(text: str) -> int:
+    """A version as people write it: ``2`` or ``v2``."""
+    digits = text[1:] if text[:1] in ("v", "V") else text
+    if not digits.isascii() or not digits.isdigit() or int(digits) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a version: write 2 or v2")
+    return int(digits)
 
 
 def _storage(args: argparse.Namespace) -> Storage:
@@ -100,7 +106,8 @@ def _index_ttl(args: argparse.Namespace) -> timedelta:
 def _registry(args: argparse.Namespace) -> Registry:
     storage = _storage(args)
     writer_trust = None
-    if getattr(args, "key", None) is not None:  # what a writer accepts the current index from
+    if hasattr(args, "key"):  # a writer: what it accepts the current index from, and whether
+        # readers trust keys at all (then an unsigned write is refused)
         writer_trust = resolve_trust(getattr(args, "trust", None), load_config())
     return Registry(storage, generations=_generations(args, storage), trust=writer_trust,
                     index_ttl=_index_ttl(args))
@@ -117,70 +124,121 @@ def _by(args: argparse.Namespace) -> str:
 
 
 def _key(args: argparse.Namespace) -> Any:
-    return load_private_key(args.key) if args.key else None
+    path = signing_key_path(args.key, load_config())
+    return load_private_key(path) if path else None
 
 
-def _outcome_line(o: Outcome) -> str:
+def _enforcement(r: VersionRecord, enforced: IndexEntry | None) -> str:
+    """What a gateway enforces for the tool after this change."""
+    if enforced is None:
+        return "not enforced: no approved version"
+    if enforced.version == r.version:
+        return "enforced"
+    return f"v{enforced.version} stays enforced"
+
+
+def _outcome_line(o: Outcome, enforced: IndexEntry | None) -> str:
     r = o.record
+    now = _enforcement(r, enforced)
     if not o.changed:
-        return f"{r.tool}  v{r.version}  {r.lifecycle}  {_short(r.checksum)}  unchanged"
+        return f"{r.tool}  v{r.version}  {r.lifecycle}  {_short(r.checksum)}  unchanged  ({now})"
     if r.action == "approve":
-        return f"{r.tool}  v{r.version}  approved by {r.approved_by}"
+        return f"{r.tool}  v{r.version}  approved by {r.approved_by}  ({now})"
     extra = {"deprecate": f"  replaced by {r.manifest.get('replaced_by')}"
              if r.manifest.get("replaced_by") else "",
-             "rollback": f"  rolled back to v{r.source_version}"}.get(r.action, "")
-    return f"{r.tool}  v{r.version}  {r.lifecycle}  {_short(r.checksum)}{extra}"
+             "rollback": f"  rolled back to v{r.source_version}"
+             + (", a draft" if r.lifecycle == "draft" else "")}.get(r.action, "")
+    return f"{r.tool}  v{r.version}  {r.lifecycle}  {_short(r.checksum)}{extra}  ({now})"
 
 
-def _report(outcomes: list[Outcome], as_json: bool) -> int:
-    if as_json:
-        _emit([{**o.record.to_json(), "changed": o.changed} for o in outcomes])
+def _report(registry: Registry, outcomes: list[Outcome], args: argparse.Namespace) -> int:
+    enforced = {o.record.tool: registry.enforced(o.record.tool) for o in outcomes}
+    if machine(args):
+        emit([{**o.record.to_json(), "changed": o.changed,
+               "enforced": e.version if (e := enforced[o.record.tool]) else None}
+              for o in outcomes], output_format(args))
     else:
         for o in outcomes:
-            print(_outcome_line(o))
+            print(_outcome_line(o, enforced[o.record.tool]))
     return 0
 
 
-def _history_line(r: VersionRecord) -> str:
-    who = f"by {r.by}" + (f", approved by {r.approved_by}" if r.approved_by else "")
-    signed = f"signed {r.signature.key_id}" if r.signature else "unsigned"
-    note = f"  - {r.note}" if r.note else ""
-    return f"v{r.version:<3} {r.lifecycle:<10} {r.created}  {who}  {_short(r.checksum)}  {signed}{note}"
+def _history_row(r: VersionRecord) -> list[str]:
+    return [f"v{r.version}", r.lifecycle, r.created, r.by, r.approved_by or "-",
+            _short(r.checksum), r.signature.key_id if r.signature else "unsigned", r.note or ""]
+
+
+def key_base(path: str) -> str:
+    """`keygen keys/bob` and `keygen keys/bob.key` both mean keys/bob.key and keys/bob.pub."""
+    for suffix in (".key", ".pub"):
+        if path.endswith(suffix) and len(path) > len(suffix):
+            return path[: -len(suffix)]
+    return path
 
 
 @_guarded
 def cmd_keygen(args: argparse.Namespace) -> int:
-    key_path, pub_path, kid = generate_keypair(args.path)
+    key_path, pub_path, kid = generate_keypair(key_base(args.path))
     print(f"wrote {key_path} (private: keep it secret) and {pub_path}; key id {kid}")
     return 0
 
 
 @_guarded
 def cmd_publish(args: argparse.Namespace) -> int:
-    outcomes = _registry(args).publish(args.paths, by=_by(args), status=args.status,
-                                       key=_key(args), note=args.note)
-    return _report(outcomes, args.json)
+    registry = _registry(args)
+    outcomes = registry.publish(args.paths, by=_by(args), status=args.status, key=_key(args),
+                                note=args.note)
+    return _report(registry, outcomes, args)
+
+
+def approval_order(registry: Registry, tools: list[str]) -> list[str]:
+    """The tools given, each after the tools it names among them (its undo, its read-back,
+    what it requires...): an approved version may only name tools that are approved. Tools
+    that do not depend on each other keep the order they were given in."""
+    from ..manifest.validate import tool_references, validate_manifest
+
+    graph: dict[str, set[str]] = {}
+    for tool in dict.fromkeys(tools):
+        newest = registry.history(tool)[-1]
+        manifest, _ = validate_manifest(newest.manifest)
+        names = {name for _, name in tool_references(manifest)} if manifest else set()
+        graph[tool] = (names & set(tools)) - {tool}
+    order: list[str] = []
+    while len(order) < len(graph):
+        ready = next((t for t in graph if t not in order and graph[t] <= set(order)), None)
+        if ready is None:
+            left = ", ".join(t for t in graph if t not in order)
+            raise RegistryError("invalid", f"{left} name each other in a cycle: no order "
+                                "approves each after the tools it names")
+        order.append(ready)
+    return order
 
 
 @_guarded
 def cmd_approve(args: argparse.Namespace) -> int:
-    outcome = _registry(args).approve(args.tool, by=_by(args), version=args.version,
-                                      four_eyes=args.four_eyes, key=_key(args), note=args.note)
-    return _report([outcome], args.json)
+    registry = _registry(args)
+    if args.version is not None and len(args.tools) > 1:
+        raise RegistryError("invalid", "--version names one draft: approve one tool with it")
+    outcomes = []
+    for tool in approval_order(registry, args.tools):
+        outcomes.append(registry.approve(tool, by=_by(args), version=args.version,
+                                         four_eyes=args.four_eyes, key=_key(args), note=args.note))
+    return _report(registry, outcomes, args)
 
 
 @_guarded
 def cmd_deprecate(args: argparse.Namespace) -> int:
-    outcome = _registry(args).deprecate(args.tool, by=_by(args), replaced_by=args.replaced_by,
-                                        key=_key(args), note=args.note)
-    return _report([outcome], args.json)
+    registry = _registry(args)
+    outcome = registry.deprecate(args.tool, by=_by(args), replaced_by=args.replaced_by,
+                                 key=_key(args), note=args.note)
+    return _report(registry, [outcome], args)
 
 
 @_guarded
 def cmd_rollback(args: argparse.Namespace) -> int:
-    outcome = _registry(args).rollback(args.tool, args.n, by=_by(args), key=_key(args),
-                                       note=args.note)
-    return _report([outcome], args.json)
+    registry = _registry(args)
+    outcome = registry.rollback(args.tool, args.n, by=_by(args), key=_key(args), note=args.note)
+    return _report(registry, [outcome], args)
 
 
 def _index_line(index: RegistryIndex, where: str, now: datetime) -> str:
@@ -192,7 +250,8 @@ def _index_line(index: RegistryIndex, where: str, now: datetime) -> str:
             f"expires {format_time(index.expires)}")
     left = index.expires - now
     if timedelta(0) < left < timedelta(days=7):
-        line += f" (in {left.days} day(s) {left.seconds // 3600} h: re-sign it soon, with sign-index)"
+        line += (f" (in {plural(left.days, 'day')} {left.seconds // 3600} h: re-sign it soon, "
+                 "with sign-index)")
     return line
 
 
@@ -201,10 +260,10 @@ def cmd_sign_index(args: argparse.Namespace) -> int:
     registry = _registry(args)
     index = registry.sign_index(load_private_key(args.key))
     where = registry.storage.location()
-    if args.json:
-        _emit({"index": where, "generation": index.generation,
-               "expires": format_time(index.expires) if index.expires else None,
-               "key_id": index.signature.key_id if index.signature else None})
+    if machine(args):
+        emit({"index": where, "generation": index.generation,
+              "expires": format_time(index.expires) if index.expires else None,
+              "key_id": index.signature.key_id if index.signature else None}, output_format(args))
     else:
         print(f"signed {where}: " + _index_line(index, where, datetime.now(UTC)).removeprefix("index: "))
     return 0
@@ -212,33 +271,51 @@ def cmd_sign_index(args: argparse.Namespace) -> int:
 
 @_guarded
 def cmd_history(args: argparse.Namespace) -> int:
-    records = _registry(args).history(args.tool)
-    if args.json:
-        _emit([r.to_json() for r in records])
+    registry = _registry(args)
+    records = registry.history(args.tool)
+    if machine(args):
+        emit([r.to_json() for r in records], output_format(args))
     else:
-        for r in records:
-            print(_history_line(r))
+        print(table([_history_row(r) for r in records],
+                    ["VERSION", "LIFECYCLE", "CREATED", "BY", "APPROVED BY", "CHECKSUM", "SIGNED BY",
+                     "NOTE"]))
+        enforced = registry.enforced(args.tool)
+        print(f"enforced: v{enforced.version}" if enforced else
+              "enforced: none (only drafts: approve one)")
     return 0
 
 
-@_guarded
-def cmd_diff(args: argparse.Namespace) -> int:
-    text = _registry(args).diff(args.tool, args.a, args.b)
-    print(text, end="" if text.endswith("\n") or not text else "\n")
-    return 0
+def _diff(args: argparse.Namespace) -> int:
+    registry = _registry(args)
+    text = registry.diff(args.tool, args.a, args.b)
+    if machine(args):
+        a, b = (registry.version(args.tool, n) for n in (args.a, args.b))
+        emit({"tool": args.tool, "a": {"version": a.version, "checksum": a.checksum,
+                                       "manifest": a.manifest},
+              "b": {"version": b.version, "checksum": b.checksum, "manifest": b.manifest},
+              "equal": not text, "diff": text}, output_format(args))
+    else:
+        print(text or f"{args.tool} v{args.a} and v{args.b} are the same manifest",
+              end="" if text.endswith("\n") else "\n")
+    return 1 if text else 0
+
+
+cmd_diff = _guarded(_diff, error_code=2)  # like diff(1): 0 same, 1 different, 2 trouble
 
 
 @_guarded
 def cmd_list(args: argparse.Namespace) -> int:
     summaries = _registry(args).list()
-    if args.json:
-        _emit([{"tool": s.tool, "newest": s.newest.to_json(),
-                "enforced": s.enforced.version if s.enforced else None} for s in summaries])
+    if machine(args):
+        emit([{"tool": s.tool, "newest": s.newest.to_json(),
+               "enforced": s.enforced.version if s.enforced else None} for s in summaries],
+             output_format(args))
         return 0
-    for s in summaries:
-        enforced = f"enforced v{s.enforced.version}" if s.enforced else "not enforced (draft only)"
-        print(f"{s.tool}  v{s.newest.version}  {s.newest.lifecycle}  "
-              f"{_short(s.newest.checksum)}  {enforced}")
+    rows = [[s.tool, f"v{s.newest.version}", s.newest.lifecycle, _short(s.newest.checksum),
+             f"v{s.enforced.version}" if s.enforced else "none (draft only)"] for s in summaries]
+    print(table(rows, ["TOOL", "NEWEST", "LIFECYCLE", "CHECKSUM", "ENFORCED"]))
+    if not summaries:
+        print(f"(no tools: {plural(0, 'version')} published yet)")
     return 0
 
 
@@ -250,27 +327,29 @@ def cmd_verify(args: argparse.Namespace) -> int:
     index = registry.read_index()
     count = sum(len(entries) for entries in index.tools.values())
     where = registry.storage.location()
-    if args.json:
-        _emit({"ok": not problems, "trusted_keys": len(trust) if trust else 0,
+    if machine(args):
+        emit({"ok": not problems, "trusted_keys": len(trust) if trust else 0,
                "index": {"location": where, "generation": index.generation,
                          "expires": format_time(index.expires) if index.expires else None,
                          "signed_by": index.signature.key_id if index.signature else None},
-               "problems": [p.to_json() for p in problems]})
+               "problems": [p.to_json() for p in problems]}, output_format(args))
     else:
         for p in problems:
             print(f"error: {p}", file=sys.stderr)
-        how = f"signatures checked against {len(trust)} trusted key(s)" if trust else \
+        how = f"signatures checked against {plural(len(trust), 'trusted key')}" if trust else \
             "checksums only (no trusted key: pass --trust or set UNWIND_MANIFEST_PUBLIC_KEY)"
-        status = "ok" if not problems else f"{len(problems)} problem(s)"
+        status = "ok" if not problems else plural(len(problems), "problem")
         out = sys.stderr if problems else sys.stdout
-        print(f"{status}: {count} versions checked, {how}", file=out)
+        print(f"{status}: {plural(count, 'version')} checked, {how}", file=out)
         print(_index_line(index, where, datetime.now(UTC)), file=out)
     return 1 if problems else 0
 
 
 def register_keygen(subparsers: Any) -> None:
     p = subparsers.add_parser("keygen", help="make an Ed25519 key pair for signing manifests",
-                              description="Write PATH.key (private, mode 0600) and PATH.pub.")
+                              description="Write PATH.key (private, mode 0600) and PATH.pub; "
+                              "PATH is a base name (keys/bob and keys/bob.key both write "
+                              "keys/bob.key and keys/bob.pub). Never overwrites a key.")
     p.add_argument("path", metavar="PATH")
     p.set_defaults(func=cmd_keygen)
 
@@ -285,7 +364,8 @@ def register_manifests(subparsers: Any) -> None:
         if writes:
             p.add_argument("--by", help="who makes the change (default: $USER)")
             p.add_argument("--key", help="private key (PEM) to sign the new version and the "
-                           "index with (required once the index is signed)")
+                           "index with (default: $UNWIND_SIGNING_KEY, then signing_key in "
+                           "unwind.yaml; required once the index is signed or a key is trusted)")
             p.add_argument("--note", help="a note kept with the version")
         if writes or name == "sign-index":
             p.add_argument("--index-ttl", metavar="DURATION",
@@ -293,7 +373,7 @@ def register_manifests(subparsers: Any) -> None:
             p.add_argument("--trust", action="append", metavar="PEM",
                            help="also accept the current index signed by this key (repeatable; "
                            "default: $UNWIND_MANIFEST_PUBLIC_KEY, then unwind.yaml)")
-        p.add_argument("--json", action="store_true", help="print JSON")
+        add_output_flags(p)
         p.set_defaults(func=func)
         return p
 
@@ -301,9 +381,11 @@ def register_manifests(subparsers: Any) -> None:
     p.add_argument("paths", nargs="+", metavar="PATH")
     p.add_argument("--status", choices=["draft", "approved"], default="draft",
                    help="lifecycle of the new versions; overrides the files' lifecycle")
-    p = add("approve", cmd_approve, "approve a draft (a new, approved version)", writes=True)
-    p.add_argument("tool")
-    p.add_argument("--version", type=int, help="the draft to approve (default: the newest)")
+    p = add("approve", cmd_approve, "approve drafts (each a new, approved version), in "
+            "dependency order", writes=True)
+    p.add_argument("tools", nargs="+", metavar="TOOL")
+    p.add_argument("--version", type=version_number,
+                   help="the draft to approve, 2 or v2 (default: the newest; one tool only)")
     p.add_argument("--four-eyes", action="store_true",
                    help="refuse when the approver is the draft's author")
     p = add("deprecate", cmd_deprecate, "deprecate the approved version of a tool", writes=True)
@@ -311,16 +393,17 @@ def register_manifests(subparsers: Any) -> None:
     p.add_argument("--replaced-by", help="the tool to use instead (must be approved)")
     p = add("rollback", cmd_rollback, "publish an old version again as the newest", writes=True)
     p.add_argument("tool")
-    p.add_argument("n", type=int, metavar="N")
+    p.add_argument("n", type=version_number, metavar="N", help="the version, 2 or v2")
     p = add("sign-index", cmd_sign_index, "sign the index as it is: a new generation and "
             "expiry (for an unsigned registry, and on a schedule before it expires)")
     p.add_argument("--key", required=True, help="private key (PEM) to sign the index with")
     p = add("history", cmd_history, "list a tool's versions, oldest first")
     p.add_argument("tool")
-    p = add("diff", cmd_diff, "unified diff of two versions of a tool")
+    p = add("diff", cmd_diff, "unified diff of two versions of a tool; exit 0 when they are "
+            "the same, 1 when they differ, 2 on an error")
     p.add_argument("tool")
-    p.add_argument("a", type=int, metavar="A")
-    p.add_argument("b", type=int, metavar="B")
+    p.add_argument("a", type=version_number, metavar="A", help="a version, 2 or v2")
+    p.add_argument("b", type=version_number, metavar="B")
     add("list", cmd_list, "each tool's newest and enforced versions")
     p = add("verify", cmd_verify, "check the index and every checksum and signature; exit 1 "
             "on a problem")
@@ -336,8 +419,10 @@ def register_manifests(subparsers: Any) -> None:
                    help="neither read nor record accepted generations")
     for name in ("list", "verify", "history"):
         subparsers.choices[name].add_argument("--ca-file", help="CA bundle for an https registry")
-    p = subparsers.add_parser("check", help="validate plain manifest files",
-                              description="Validate plain manifest files (like `unwind validate`).")
+    p = subparsers.add_parser("check", help="validate manifest files (like `unwind validate`)",
+                              description="Validate manifest files (the same check as `unwind "
+                              "validate`).")
     p.add_argument("paths", nargs="+", metavar="PATH")
-    p.add_argument("--json", action="store_true", help="print JSON")
+    _inputs(p)
+    add_output_flags(p)
     p.set_defaults(func=cmd_validate)  # the same check as `unwind validate`

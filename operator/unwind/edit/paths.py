@@ -7,8 +7,9 @@ file next to it (same filesystem, same mode), and only when all of those
 writes succeeded are they moved into place with `os.replace`, so a refusal, a
 validator error or a failed temp write leaves every file exactly as it was.
 
-Folders are walked the way git sees them: hidden names and .gitignored paths are not
-entered, so an edit from a repository root never reads `.venv/` or build output.
+Folders are walked the way git sees them (`unwind.workspace.walk`, shared with `unwind
+validate`): hidden names and .gitignored paths are not entered, so an edit from a
+repository root never reads `.venv/` or build output.
 """
 
 from __future__ import annotations
@@ -21,35 +22,15 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from unwind.edit.ignore import Rule, ignored, parse_gitignore
 from unwind.edit.result import EditResult
+from unwind.workspace.walk import walk as _walk
 
 YAML_SUFFIXES = (".yaml", ".yml")
 
 
 def walk(root: Path) -> list[Path]:
-    """The *.yaml / *.yml files under `root`, not entering hidden names (`.git`, `.venv`,
-    `.dev`...) or what a .gitignore in the walked tree ignores (see `ignore`)."""
-    found: list[Path] = []
-    rules_by_dir: dict[str, list[Rule]] = {}
-    for here, dirs, names in os.walk(root):
-        rel_dir = Path(here).relative_to(root).as_posix()
-        rel_dir = "" if rel_dir == "." else rel_dir
-        rules = list(rules_by_dir.get(rel_dir, []))
-        if ".gitignore" in names:
-            with contextlib.suppress(OSError, UnicodeDecodeError):
-                text = Path(here, ".gitignore").read_text(encoding="utf-8")
-                rules += parse_gitignore(text, rel_dir)
-
-        def keep(name: str, is_dir: bool, rel_dir: str = rel_dir, rules: list[Rule] = rules) -> bool:
-            rel = f"{rel_dir}/{name}" if rel_dir else name
-            return not name.startswith(".") and not ignored(rules, rel, is_dir)
-
-        dirs[:] = sorted(d for d in dirs if keep(d, True))
-        for d in dirs:
-            rules_by_dir[f"{rel_dir}/{d}" if rel_dir else d] = rules
-        found += [Path(here, n) for n in names if n.endswith(YAML_SUFFIXES) and keep(n, False)]
-    return found
+    """The *.yaml / *.yml files under `root`, as git sees the tree (`workspace.walk`)."""
+    return _walk(root, YAML_SUFFIXES)
 
 
 def expand(paths: Iterable[str | os.PathLike[str]]) -> list[str]:

@@ -28,14 +28,8 @@ from ruamel.yaml.nodes import MappingNode, SequenceNode
 from unwind.edit.references import get, text_of
 from unwind.edit.result import Skipped
 from unwind.edit.source import ParsedFile, ParseError, parse
+from unwind.workspace.classify import LOOKS_LIKE_MANIFEST, is_helm_template
 
-HELM_ACTION = re.compile(
-    r"\{\{-|\{\{\s*(?:[.$]|/\*|(?:if|else|end|range|with|define|block|template|include|"
-    r"toYaml|toJson|tpl|required|default|quote|printf|lookup)\b)"
-)
-LOOKS_LIKE_MANIFEST = re.compile(
-    r"""(?<![\w.-])["']?tool["']?\s*:|kind\s*:\s*["']?ToolManifest\b"""
-)
 NAME_CHAR = r"[A-Za-z0-9_.:/-]"
 
 
@@ -47,10 +41,6 @@ class Selection:
     parsed: list[ParsedFile] = field(default_factory=list)
     broken: list[ParseError] = field(default_factory=list)
     skipped: list[Skipped] = field(default_factory=list)
-
-
-def is_helm_template(text: str) -> bool:
-    return HELM_ACTION.search(text) is not None
 
 
 def _names_a_tool(node: Any) -> bool:

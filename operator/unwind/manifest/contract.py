@@ -31,6 +31,7 @@ Decisions where tool-manifests.txt is silent (each case runs in its own simulate
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -41,9 +42,10 @@ from typing import Any, ClassVar, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
+from ..workspace.walk import expand
 from .issues import Issue, issues_from_validation_error
 from .keys import KeyRenderError, render_key
-from .loader import Sourced, expand_paths, parse_documents
+from .loader import SUFFIXES, Skip, Sourced, documents, duplicate_keys, load_text
 from .model import Effect, Lifecycle, ToolManifest
 from .refs import RefSyntaxError, parse_ref, resolve_map
 
@@ -73,6 +75,7 @@ class TestCase(BaseModel):
     expect_blocked: str | None = None
     _file: str | None = PrivateAttr(None)
     _line: int | None = PrivateAttr(None)
+    _lines: dict[str, int] = PrivateAttr(default_factory=dict)
 
     @model_validator(mode="after")
     def _consistent(self) -> TestCase:
@@ -87,9 +90,13 @@ class TestCase(BaseModel):
                                  f"remove {', '.join(others)} or expect_blocked")
         return self
 
-    def at(self, file: str | None, line: int | None) -> TestCase:
-        self._file, self._line = file, line
+    def at(self, file: str | None, line: int | None, lines: Mapping[str, int] | None = None) -> TestCase:
+        """Where the case was read: its file and line, and the line of each of its keys."""
+        self._file, self._line, self._lines = file, line, dict(lines or {})
         return self
+
+    def line_of(self, key: str) -> int | None:
+        return self._lines.get(key, self._line)
 
     @property
     def file(self) -> str | None:
@@ -106,14 +113,12 @@ def load_cases_text(text: str, file: str | None = None) -> tuple[list[TestCase],
     """Read the cases of one file's text; a syntax error is one issue with its line."""
     cases: list[TestCase] = []
     errors: list[Issue] = []
-    try:
-        docs = list(parse_documents(text, file))
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        return [], [Issue(None, "", f"YAML syntax error: {problem}", file=file,
-                          line=mark.line + 1 if mark is not None else None)]
-    for node, value in docs:
+    for part in documents(text, file):
+        if isinstance(part, Issue):
+            errors.append(part)
+            continue
+        node, value = part
+        errors.extend(duplicate_keys(node, file))
         if value is None:
             continue
         where = Sourced(value, file, node)
@@ -144,8 +149,10 @@ def _load_case(src: Sourced) -> tuple[TestCase | None, list[Issue]]:
                             file=src.file, line=src.line)]
     name = src.data.get("name")
     label = f"case {name!r}: " if isinstance(name, str) else "case: "
+    lines = {str(k.value): k.start_mark.line + 1 for k, _ in getattr(src.node, "value", [])
+             if isinstance(k, yaml.ScalarNode)}
     try:
-        return TestCase.model_validate(src.data).at(src.file, src.line), []
+        return TestCase.model_validate(src.data).at(src.file, src.line, lines), []
     except ValidationError as exc:
         return None, [Issue(None, i.path, label + i.message, file=src.file, line=src.line_of(i.path))
                       for i in issues_from_validation_error(exc, src.data, None, TestCase)]
@@ -153,14 +160,32 @@ def _load_case(src: Sourced) -> tuple[TestCase | None, list[Issue]]:
 
 def load_cases(paths: Sequence[str | os.PathLike[str]]) -> tuple[list[TestCase], list[Issue]]:
     """Every case in the files and folders given (*.yaml, *.yml, *.json), and every error."""
-    files, errors = expand_paths(paths)
+    cases, errors, _ = load_case_files(paths)
+    return cases, errors
+
+
+def load_case_files(paths: Sequence[str | os.PathLike[str]]) -> tuple[list[TestCase], list[Issue], list[Skip]]:
+    """``load_cases``, and the files found in folders that hold no test case (manifests,
+    other YAML), which are listed rather than read as broken test files. A file named on
+    the command line is always read as a test file."""
+    walked = expand(paths, SUFFIXES)
+    errors = [Issue(None, "", "no such file or folder", file=str(p)) for p in walked.missing]
     cases: list[TestCase] = []
-    for path in files:
+    skipped: list[Skip] = []
+    for path in walked.files:
         try:
             text = Path(path).read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as exc:
             errors.append(Issue(None, "", f"cannot read the file: {exc}", file=str(path)))
             continue
+        if path not in walked.given:
+            what = load_text(text, str(path))
+            if what.items or not any(s.kind == "contract_test" for s in what.skipped):
+                reason = ("holds tool manifests" if what.items else
+                          "; ".join(dict.fromkeys(s.reason for s in what.skipped)) or
+                          "holds no test case")
+                skipped.append(Skip(str(path), None, "not_tests", f"{reason}: not read as tests"))
+                continue
         found, problems = load_cases_text(text, str(path))
         cases.extend(found)
         errors.extend(problems)
@@ -171,10 +196,23 @@ def load_cases(paths: Sequence[str | os.PathLike[str]]) -> tuple[list[TestCase],
             errors.append(Issue(None, "name", f"case {case.name!r} is also defined at "
                                 f"{first.file}:{first.line}: give each case its own name",
                                 file=case.file, line=case.line))
-    return cases, errors
+    return cases, errors, skipped
 
 
 # ---- running ----------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Failure:
+    """One expectation a case does not meet: the case's field it is about (``expect_handle``,
+    ``tool``...), a sentence, and the line of that field in the test file."""
+
+    field: str
+    message: str
+    line: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"field": self.field, "message": self.message, "line": self.line}
+
 
 @dataclass(frozen=True)
 class CaseResult:
@@ -183,6 +221,8 @@ class CaseResult:
     message: str | None
     file: str | None = None
     line: int | None = None
+    tool: str | None = None
+    failures: tuple[Failure, ...] = ()
 
 
 @dataclass
@@ -245,30 +285,38 @@ def run_case(case: TestCase, by_name: Mapping[str, ToolManifest]) -> CaseResult:
     try:
         problems = _check(case, by_name)
     except RefSyntaxError as exc:
-        problems = [f"the manifest has a reference that does not parse: {exc}"]
-    return CaseResult(case.name, not problems, "; ".join(problems) or None, case.file, case.line)
+        problems = [("tool", f"the manifest has a reference that does not parse: {exc}")]
+    failures = tuple(Failure(f, msg, case.line_of(f)) for f, msg in problems)
+    return CaseResult(case.name, not failures, "; ".join(f.message for f in failures) or None,
+                      case.file, case.line, case.tool, failures)
 
 
-def _check(case: TestCase, by_name: Mapping[str, ToolManifest]) -> list[str]:
+def _missing_tool(name: str, known: Iterable[str]) -> str:
+    close = difflib.get_close_matches(name, list(known), n=1)
+    return f" (did you mean {close[0]}?)" if close else ""
+
+
+def _check(case: TestCase, by_name: Mapping[str, ToolManifest]) -> list[tuple[str, str]]:
     m = by_name.get(case.tool)
     if m is None:
-        return [f"no manifest for tool {case.tool}"]
+        return [("tool", f"no manifest for tool {case.tool}{_missing_tool(case.tool, by_name)}")]
     run = _Run()
     for tool in case.after if case.after is not None else [r.tool for r in m.requires]:
         if tool not in by_name:
-            return [f"after names {tool}, which has no manifest: it cannot run first"]
+            return [("after", f"after names {tool}, which has no manifest"
+                     f"{_missing_tool(tool, by_name)}: it cannot run first")]
         run.succeeded.add(tool)
     reason, key = run.refusal(m, case.args)
     if case.expect_blocked is not None:
         if reason is None:
-            return [f"the call was not refused; expected a refusal containing "
-                    f"{case.expect_blocked!r}"]
+            return [("expect_blocked", f"the call was not refused; expected a refusal containing "
+                     f"{case.expect_blocked!r}")]
         if case.expect_blocked not in reason:
-            return [f"the call was refused for another reason: {reason} (expected one "
-                    f"containing {case.expect_blocked!r})"]
+            return [("expect_blocked", f"the call was refused for another reason: {reason} "
+                     f"(expected one containing {case.expect_blocked!r})")]
         return []
     if reason is not None:
-        return [f"the call was refused: {reason}"]
+        return [("tool", f"the call was refused: {reason}")]
     result = {} if case.result is None else case.result
     if case.fail is None:
         run.succeeded.add(m.tool)
@@ -282,40 +330,58 @@ def _check(case: TestCase, by_name: Mapping[str, ToolManifest]) -> list[str]:
 
 def _expectations(case: TestCase, m: ToolManifest, run: _Run, plan: Plan,
                   handle: dict[str, Any] | None, why: str | None, result: Any,
-                  key: str | None) -> Iterator[str]:
-    """One sentence per expectation the simulated call does not meet."""
+                  key: str | None) -> Iterator[tuple[str, str]]:
+    """(the case's field, a sentence) per expectation the simulated call does not meet."""
     if case.expect_plan is not None and case.expect_plan != plan:
-        yield f"the plan is {plan}" + (f" ({why})" if why else "") + f", expected {case.expect_plan}"
+        yield "expect_plan", (f"the plan is {plan}" + (f" ({why})" if why else "")
+                              + f", expected {case.expect_plan}")
     if case.expect_handle is not None and handle is None:
-        yield f"there are no undo arguments ({why}), expected {_show(case.expect_handle)}"
+        yield "expect_handle", f"there are no undo arguments ({why}), expected {_show(case.expect_handle)}"
     elif case.expect_handle is not None and not same(handle, case.expect_handle):
-        yield f"the undo arguments are {_show(handle)}, expected {_show(case.expect_handle)}"
+        yield "expect_handle", (f"the undo arguments are {_show(handle)}, expected "
+                                f"{_show(case.expect_handle)}: {differences(handle, case.expect_handle)}")
     v = m.compensation.verification if m.compensation else None
+    field = "expect_verification" if case.expect_verification is not None else "verify_with"
     if case.expect_verification is not None or case.verify_with is not None:
         if case.fail is not None:
-            yield "the call failed, so nothing is undone or read back"
+            yield field, "the call failed, so nothing is undone or read back"
             v = None
         elif v is None:
-            yield f"{m.tool} declares no compensation.verification: there is no read-back to check"
+            yield field, f"{m.tool} declares no compensation.verification: there is no read-back to check"
     if v is not None and case.expect_verification is not None:
         got, missing = resolve_map(v.arguments, case.args, result, key)
         if missing:
-            yield "the verification arguments are unavailable: " + "; ".join(missing)
+            yield "expect_verification", "the verification arguments are unavailable: " + "; ".join(missing)
         elif not same(got, case.expect_verification):
-            yield (f"the verification arguments are {_show(got)}, expected "
-                   f"{_show(case.expect_verification)}")
+            yield "expect_verification", (
+                f"the verification arguments are {_show(got)}, expected "
+                f"{_show(case.expect_verification)}: {differences(got, case.expect_verification)}")
     if v is not None and case.verify_with is not None:
         mismatch = first_mismatch(v.expect, case.verify_with)
         if case.expect_verified is not False and mismatch is not None:
-            yield f"the read-back would be rejected: {mismatch}"
+            yield "verify_with", f"the read-back would be rejected: {mismatch}"
         elif case.expect_verified is False and mismatch is None:
-            yield "the read-back would be accepted, but expect_verified is false"
+            yield "expect_verified", "the read-back would be accepted, but expect_verified is false"
     if case.expect_duplicate and m.idempotency is None:
-        yield (f"{m.tool} declares no idempotency key, so a repeated call is not recognized "
-               "as a duplicate: add idempotency: {key: ...} or remove expect_duplicate")
+        yield "expect_duplicate", (f"{m.tool} declares no idempotency key, so a repeated call is "
+                                   "not recognized as a duplicate: add idempotency: {key: ...} or "
+                                   "remove expect_duplicate")
     elif case.expect_duplicate and run.refusal(m, case.args)[0] is None:
-        yield ("the same call a second time was not refused as a duplicate"
-               + (": the first call failed, so its key is free again" if case.fail else ""))
+        yield "expect_duplicate", ("the same call a second time was not refused as a duplicate"
+                                   + (": the first call failed, so its key is free again"
+                                      if case.fail else ""))
+
+
+def differences(got: Any, want: Any) -> str:
+    """Which keys differ between two argument maps, as a sentence: the ones missing, the
+    ones not expected, and each value that is not the one expected."""
+    if not isinstance(got, dict) or not isinstance(want, dict):
+        return f"{_show(got)} is not {_show(want)}"
+    parts = [f"{k} is missing" for k in sorted(want) if k not in got]
+    parts += [f"{k} is not expected (it is {_show(got[k])})" for k in sorted(got) if k not in want]
+    parts += [f"{k} is {_show(got[k])}, expected {_show(want[k])}" for k in sorted(want)
+              if k in got and not same(got[k], want[k])]
+    return ", ".join(parts)
 
 
 def first_mismatch(expect: Mapping[str, Any], answer: Any) -> str | None:
@@ -360,14 +426,27 @@ def run_cases(cases: Iterable[TestCase], manifests: Sequence[ToolManifest]) -> R
 
 
 def report_json(report: Report) -> dict[str, Any]:
-    return {"passed": report.passed, "failed": report.failed,
-            "results": [{"name": r.name, "ok": r.ok, "message": r.message}
+    return {"ok": report.ok, "passed": report.passed, "failed": report.failed,
+            "results": [{"name": r.name, "ok": r.ok, "message": r.message, "tool": r.tool,
+                         "file": r.file, "line": r.line,
+                         "failures": [f.to_json() for f in r.failures]}
                         for r in report.results],
             "not_covered": list(report.not_covered)}
 
 
 def format_text(report: Report) -> str:
-    lines = [f"ok   {r.name}" if r.ok else f"FAIL {r.name}: {r.message}" for r in report.results]
+    """One line per passing case; for a failing one, the case and then each failed
+    expectation on its own line with the file:line of that expectation."""
+    lines: list[str] = []
+    for r in report.results:
+        if r.ok:
+            lines.append(f"ok   {r.name}")
+            continue
+        where = f" ({r.file}:{r.line})" if r.file and r.line else ""
+        lines.append(f"FAIL {r.name}{where}")
+        for f in r.failures:
+            at = f"{r.file}:{f.line}: " if r.file and f.line else ""
+            lines.append(f"  {at}{f.field}: {f.message}")
     if report.not_covered:
         lines.append("not covered by any test: " + ", ".join(report.not_covered))
     lines.append(f"{report.passed} passed" + (f", {report.failed} failed" if report.failed else ""))

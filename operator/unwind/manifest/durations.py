@@ -1,7 +1,10 @@
 """Durations: a number of milliseconds, or a string with a unit (500ms, 30s, 15m, 2h, 1d).
 
 Every duration field normalizes to integer milliseconds so that two manifests that
-mean the same thing serialize (and checksum) the same.
+mean the same thing serialize (and checksum) the same. A manifest's durations are
+timeouts, backoffs and undo deadlines: one longer than a year is a slip (a unit or a zero
+too many), and past 2^53 ms it would not even survive a JSON round trip, so the manifest
+fields refuse it (``parse_manifest_duration``).
 """
 
 from __future__ import annotations
@@ -34,3 +37,17 @@ def parse_duration(value: Any) -> int:
         f"{value!r} is not a duration: write milliseconds (1500) or a number with a unit "
         "(500ms, 30s, 15m, 2h, 1d)"
     )
+
+
+MAX_MANIFEST_MS = 366 * _UNIT_MS["d"]
+
+
+def parse_manifest_duration(value: Any) -> int:
+    """``parse_duration`` for a manifest field: also refuses anything longer than 366 days."""
+    ms = parse_duration(value)
+    if ms > MAX_MANIFEST_MS:
+        shown = value if isinstance(value, str) else f"{value} ms"
+        raise ValueError(f"{shown!r} is longer than a year (366d, {MAX_MANIFEST_MS} ms), the "
+                         "longest a timeout or deadline may be: check the unit or the number of "
+                         "zeros")
+    return ms

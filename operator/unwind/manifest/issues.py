@@ -91,6 +91,51 @@ def without_paths(data: Any, paths: set[tuple[str | int, ...]]) -> Any:
 
 
 _BRANCH_NAMES = {"str", "int", "float", "bool", "list", "dict", "none", "literal"}
+# Fields people bring from other formats, and what this one calls them (at the top level).
+_RENAMED = {"status": "lifecycle: draft, approved or deprecated (status belongs to Kubernetes)"}
+
+
+def _unknown_field(loc: tuple[str | int, ...], known: list[str], model: type[BaseModel]) -> str:
+    """Why a field is unknown, and the likely fix: a field of another level (mis-indented:
+    say under which key it belongs), a spelling mistake (the closest name), or neither."""
+    name = str(loc[-1]) if loc else "?"
+    parent = [p for p in loc[:-1] if isinstance(p, str)]
+    if not parent and name in _RENAMED:
+        return f"unknown field {name!r}: write {_RENAMED[name]}"
+    places = sorted({p for p in _field_places(model).get(name, []) if p != tuple(parent)})
+    if places:
+        under = [".".join(p) for p in places if p]
+        shown = ", ".join(under[:3]) + (f" (or {len(under) - 3} more places)" if len(under) > 3 else "")
+        where = " or ".join(([f"under {shown}"] if under else [])
+                            + (["at the top level of the manifest"] if () in places else []))
+        return (f"unknown field {name!r} here: {name} belongs {where}; move it there (check "
+                "its indentation), or remove it")
+    close = difflib.get_close_matches(name, known, n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close and close[0] != name else ""
+    return f"unknown field {name!r}{hint}: remove it or fix its spelling"
+
+
+def _field_places(model: type[BaseModel]) -> dict[str, list[tuple[str, ...]]]:
+    """Field name -> the parent paths where a field of that name is allowed."""
+    cached = _PLACES.get(model)
+    if cached is not None:
+        return cached
+    places: dict[str, list[tuple[str, ...]]] = {}
+    todo: list[tuple[type[BaseModel], tuple[str, ...]]] = [(model, ())]
+    seen: set[type[BaseModel]] = set()
+    while todo:
+        current, path = todo.pop()
+        if current in seen:
+            continue
+        seen.add(current)
+        for name, info in current.model_fields.items():
+            places.setdefault(name, []).append(path)
+            todo.extend((sub, (*path, name)) for sub in _model_args(info.annotation))
+    _PLACES[model] = places
+    return places
+
+
+_PLACES: dict[type[BaseModel], dict[str, list[tuple[str, ...]]]] = {}
 
 
 def _all_field_names(model: type[BaseModel], seen: set[type[BaseModel]] | None = None) -> set[str]:
@@ -130,10 +175,7 @@ def issues_from_validation_error(
         kind = err["type"]
         value = err.get("input")
         if kind == "extra_forbidden":
-            name = str(loc[-1]) if loc else "?"
-            close = difflib.get_close_matches(name, known, n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
-            message = f"unknown field {name!r}{hint}: remove it or fix its spelling"
+            message = _unknown_field(loc, known, model)
         elif kind == "missing":
             message = "is required: add it"
         elif kind.startswith("value_error") or kind == "assertion_error":

@@ -15,8 +15,8 @@ matched to its upstream schema by ``upstream.mcp.tool`` when set, else by its to
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from .canonical import canonical_json
@@ -30,16 +30,29 @@ Level = Literal["error", "warning", "info"]
 
 @dataclass(frozen=True)
 class Finding:
+    """One lint finding: the code and its level, the tool and the field it is about, and
+    (once located by the caller) the file and line of that field."""
+
     code: str
     level: Level
     tool: str
     message: str
+    path: str = ""
+    file: str | None = None
+    line: int | None = None
 
-    def to_json(self) -> dict[str, str]:
-        return {"code": self.code, "level": self.level, "tool": self.tool, "message": self.message}
+    def to_json(self) -> dict[str, Any]:
+        return {"code": self.code, "level": self.level, "tool": self.tool, "path": self.path,
+                "message": self.message, "file": self.file, "line": self.line}
+
+    def located(self, file: str | None, line: int | None) -> Finding:
+        return replace(self, file=file, line=line)
 
     def __str__(self) -> str:
-        return f"{self.level:<7} {self.code}  {self.tool}: {self.message}"
+        where = f"{self.file}:{self.line}: " if self.file and self.line else (
+            f"{self.file}: " if self.file else "")
+        field = f"{self.path}: " if self.path and not self.message.startswith(self.path) else ""
+        return f"{where}{self.level:<7} {self.code}  {self.tool}: {field}{self.message}"
 
 
 @dataclass(frozen=True)
@@ -49,7 +62,7 @@ class Context:
     upstream: Mapping[str, dict[str, Any]]  # empty when no upstream was given
 
 
-Check = Callable[[Context], Iterator[tuple[str, str]]]  # yields (tool, message)
+Check = Callable[[Context], Iterator[tuple[str, str, str]]]  # yields (tool, field path, message)
 
 
 def schema_hash_of(schema: Mapping[str, Any]) -> str:
@@ -96,66 +109,66 @@ def _missing_args(ctx: Context, m: ToolManifest,
 
 # ---- the codes --------------------------------------------------------------------------
 
-def l010_no_description(ctx: Context) -> Iterator[tuple[str, str]]:
+def l010_no_description(ctx: Context) -> Iterator[tuple[str, str, str]]:
     for m in _mutating(ctx):
         if not (m.description or "").strip():
-            yield m.tool, ("mutating tool has no description: reviewers cannot tell what it "
+            yield m.tool, "description", ("mutating tool has no description: reviewers cannot tell what it "
                            "changes; add description: one sentence on the effect")
 
 
-def l011_no_owner(ctx: Context) -> Iterator[tuple[str, str]]:
+def l011_no_owner(ctx: Context) -> Iterator[tuple[str, str, str]]:
     for m in _mutating(ctx):
         if not any(o.strip() for o in m.owner):
-            yield m.tool, ("mutating tool has no owner: nobody is named to ask when it "
+            yield m.tool, "owner", ("mutating tool has no owner: nobody is named to ask when it "
                            "misbehaves; add owner: [a team or person]")
 
 
-def l012_no_data_class(ctx: Context) -> Iterator[tuple[str, str]]:
+def l012_no_data_class(ctx: Context) -> Iterator[tuple[str, str, str]]:
     # Mutating tools only, as in the documented example (a read-only tool without risk
     # is not reported): what policy and retention weigh is what a call changes.
     for m in _mutating(ctx):
         if m.risk is None or not (m.risk.data_class or "").strip():
-            yield m.tool, ("no risk.data_class: policy and retention cannot treat sensitive "
+            yield m.tool, "risk.data_class", ("no risk.data_class: policy and retention cannot treat sensitive "
                            "data differently; add risk: {data_class: pii, financial, ...}")
 
 
-def l013_compensable_without_residue(ctx: Context) -> Iterator[tuple[str, str]]:
+def l013_compensable_without_residue(ctx: Context) -> Iterator[tuple[str, str, str]]:
     for m in ctx.manifests:
         c = m.compensation
         # An inverse cannot list residue; L031 reports that contradiction instead.
         if m.effect == Effect.compensable and c and c.kind == "compensation" and not c.residue:
-            yield m.tool, ("compensable but no residue declared: a reviewer cannot see what a "
+            yield m.tool, "compensation.residue", ("compensable but no residue declared: a reviewer cannot see what a "
                            "rollback leaves behind; list it in compensation.residue")
 
 
-def l014_compensation_not_idempotent(ctx: Context) -> Iterator[tuple[str, str]]:
+def l014_compensation_not_idempotent(ctx: Context) -> Iterator[tuple[str, str, str]]:
     # A read-only undo is as safe to retry as an idempotent one; an undo with no manifest
     # is the validator's error, not lint's.
     for m in ctx.manifests:
         undo = ctx.by_name.get(m.compensation.tool) if m.compensation else None
         if undo is not None and undo.effect not in (Effect.idempotent, Effect.read_only):
-            yield m.tool, (f"the compensation tool {undo.tool} is {undo.effect}, not idempotent, "
+            yield m.tool, "compensation.tool", (f"the compensation tool {undo.tool} is {undo.effect}, not idempotent, "
                            "but rollback retries it and may repeat its effect; make it "
                            "idempotent or use an idempotent undo")
 
 
-def l015_irreversible_unbounded(ctx: Context) -> Iterator[tuple[str, str]]:
+def l015_irreversible_unbounded(ctx: Context) -> Iterator[tuple[str, str, str]]:
     for m in ctx.manifests:
         if (m.effect == Effect.irreversible and not m.approval.roles
                 and (m.risk is None or m.risk.blast_radius is None)):
-            yield m.tool, ("irreversible with no blast_radius and no approvers: any approver "
+            yield m.tool, "risk", ("irreversible with no blast_radius and no approvers: any approver "
                            "may wave through an effect nothing can undo; set "
                            "risk.blast_radius and approval.roles")
 
 
-def l016_undo_not_verified(ctx: Context) -> Iterator[tuple[str, str]]:
+def l016_undo_not_verified(ctx: Context) -> Iterator[tuple[str, str, str]]:
     for m in ctx.manifests:
         if m.compensation and m.compensation.verification is None:
-            yield m.tool, ("the undo is not verified: an API that answers ok and does "
+            yield m.tool, "compensation", ("the undo is not verified: an API that answers ok and does "
                            "nothing would count as undone; add compensation.verification")
 
 
-def l017_mapped_argument_not_in_schema(ctx: Context) -> Iterator[tuple[str, str]]:
+def l017_mapped_argument_not_in_schema(ctx: Context) -> Iterator[tuple[str, str, str]]:
     for m in ctx.manifests:
         c = m.compensation
         if c is None:
@@ -165,85 +178,85 @@ def l017_mapped_argument_not_in_schema(ctx: Context) -> Iterator[tuple[str, str]
             places += [(f"compensation.verification.arguments.{k}", v)
                        for k, v in c.verification.arguments.items()]
         for where, what in _missing_args(ctx, m, iter(places)):
-            yield m.tool, (f"{where} reads the argument {what}, so the undo would be built "
+            yield m.tool, where, (f"{where} reads the argument {what}, so the undo would be built "
                            "from a value the tool never receives; fix the reference")
 
 
-def l019_read_only_shares_permission(ctx: Context) -> Iterator[tuple[str, str]]:
+def l019_read_only_shares_permission(ctx: Context) -> Iterator[tuple[str, str, str]]:
     for m in ctx.manifests:
         if m.effect != Effect.read_only:
             continue
         writers = sorted(w.tool for w in _mutating(ctx) if w.permission == m.permission)
         if writers:
-            yield m.tool, (f"read-only tool shares the permission {m.permission} with tools "
+            yield m.tool, "permission", (f"read-only tool shares the permission {m.permission} with tools "
                            f"that change things ({', '.join(writers)}): granting reads grants "
                            "writes; give the read-only tool its own permission")
 
 
-def l020_key_argument_not_in_schema(ctx: Context) -> Iterator[tuple[str, str]]:
+def l020_key_argument_not_in_schema(ctx: Context) -> Iterator[tuple[str, str, str]]:
     for m in ctx.manifests:
         if m.idempotency is None:
             continue
         refs = iter([("idempotency.key", "$" + name) for name in placeholders(m.idempotency.key)
                      if name.startswith("args.")])
         for where, what in _missing_args(ctx, m, refs):
-            yield m.tool, (f"{where} uses the argument {what}, so every call would be refused "
+            yield m.tool, where, (f"{where} uses the argument {what}, so every call would be refused "
                            "as unkeyable; fix the key template")
 
 
-def l021_irreversible_without_evidence(ctx: Context) -> Iterator[tuple[str, str]]:
+def l021_irreversible_without_evidence(ctx: Context) -> Iterator[tuple[str, str, str]]:
     for m in ctx.manifests:
         if m.effect == Effect.irreversible and (m.audit is None
                                                 or m.audit.evidence_export != "required"):
-            yield m.tool, ("irreversible without audit.evidence_export: required: the record "
+            yield m.tool, "audit.evidence_export", ("irreversible without audit.evidence_export: required: the record "
                            "of an effect nothing can undo may be left out of evidence exports; "
                            "set audit: {evidence_export: required}")
 
 
-def l022_no_timeout(ctx: Context) -> Iterator[tuple[str, str]]:
+def l022_no_timeout(ctx: Context) -> Iterator[tuple[str, str, str]]:
     for m in _mutating(ctx):
         if m.timeout_ms is None:
-            yield m.tool, ("no timeout_ms: a hung call is only bounded by the gateway default; "
+            yield m.tool, "timeout_ms", ("no timeout_ms: a hung call is only bounded by the gateway default; "
                            "set timeout_ms to the longest the upstream may take")
 
 
-def l023_requires_cycle(ctx: Context) -> Iterator[tuple[str, str]]:
+def l023_requires_cycle(ctx: Context) -> Iterator[tuple[str, str, str]]:
     for cycle in find_requires_cycles(ctx.manifests):
-        yield cycle[0], ("requires forms a cycle (" + " -> ".join(cycle) + "): no run can "
+        yield cycle[0], "requires", ("requires forms a cycle (" + " -> ".join(cycle) + "): no run can "
                          "satisfy it and rollback has no order; remove one requirement")
 
 
-def l024_draft(ctx: Context) -> Iterator[tuple[str, str]]:
+def l024_draft(ctx: Context) -> Iterator[tuple[str, str, str]]:
     for m in ctx.manifests:
         if m.lifecycle == Lifecycle.draft:
-            yield m.tool, ("draft manifest: calls to this tool are refused until it is "
+            yield m.tool, "lifecycle", ("draft manifest: calls to this tool are refused until it is "
                            "approved; approve it or set lifecycle: approved")
 
 
-def l027_no_schema_hash(ctx: Context) -> Iterator[tuple[str, str]]:
+def l027_no_schema_hash(ctx: Context) -> Iterator[tuple[str, str, str]]:
     for m in ctx.manifests:
         schema = ctx.upstream.get(upstream_name(m))
         if schema is not None and not m.schema_hash:
-            yield m.tool, ("no schema_hash: a change of the upstream's input schema would go "
+            yield m.tool, "schema_hash", ("no schema_hash: a change of the upstream's input schema would go "
                            f"unnoticed; set schema_hash: {schema_hash_of(schema)}")
 
 
-def l030_reversible_with_residue(ctx: Context) -> Iterator[tuple[str, str]]:
+def l030_reversible_with_residue(ctx: Context) -> Iterator[tuple[str, str, str]]:
     for m in ctx.manifests:
         if m.effect == Effect.reversible and m.compensation and m.compensation.residue:
-            yield m.tool, ("declared reversible but the compensation lists residue: an undo "
+            yield m.tool, "compensation.residue", ("declared reversible but the compensation lists residue: an undo "
                            "that leaves a trace is compensable; set effect: compensable or "
                            "remove the residue")
 
 
-def l031_compensable_but_inverse(ctx: Context) -> Iterator[tuple[str, str]]:
+def l031_compensable_but_inverse(ctx: Context) -> Iterator[tuple[str, str, str]]:
     for m in ctx.manifests:
         if m.effect == Effect.compensable and m.compensation and m.compensation.kind == "inverse":
-            yield m.tool, ("declared compensable but the compensation is an exact inverse: "
+            yield m.tool, "compensation.kind", ("declared compensable but the compensation is an exact inverse: "
                            "set effect: reversible, or kind: compensation if a trace remains")
 
 
-def l032_compensation_takes_nothing(ctx: Context) -> Iterator[tuple[str, str]]:
+def l032_compensation_takes_nothing(ctx: Context) -> Iterator[tuple[str, str, str]]:
     for m in ctx.manifests:
         c = m.compensation
         if c is None:
@@ -255,33 +268,33 @@ def l032_compensation_takes_nothing(ctx: Context) -> Iterator[tuple[str, str]]:
             except RefSyntaxError:
                 roots.add("invalid")  # the validator reports it; do not pile on
         if not roots & {"args", "result", "invalid"}:
-            yield m.tool, ("the compensation takes no arguments from the call: the undo cannot "
+            yield m.tool, "compensation.argument_map", ("the compensation takes no arguments from the call: the undo cannot "
                            "know which effect to undo; map $args or $result values in "
                            "compensation.argument_map")
 
 
-def l033_redaction_not_in_schema(ctx: Context) -> Iterator[tuple[str, str]]:
+def l033_redaction_not_in_schema(ctx: Context) -> Iterator[tuple[str, str, str]]:
     for m in ctx.manifests:
         if m.audit is None:
             continue
         refs = iter([(f"audit.redaction[{i}]", r) for i, r in enumerate(m.audit.redaction)])
         for where, what in _missing_args(ctx, m, refs):
-            yield m.tool, (f"{where} names the argument {what}: the value it meant to keep out "
+            yield m.tool, where, (f"{where} names the argument {what}: the value it meant to keep out "
                            "of the ledger may be stored under another name; fix the path")
 
 
-def l034_no_upstream_tool(ctx: Context) -> Iterator[tuple[str, str]]:
+def l034_no_upstream_tool(ctx: Context) -> Iterator[tuple[str, str, str]]:
     for m in ctx.manifests:
         if upstream_name(m) not in ctx.upstream:
-            yield m.tool, (f"no upstream tool is named {upstream_name(m)}: calls cannot reach "
+            yield m.tool, "upstream", (f"no upstream tool is named {upstream_name(m)}: calls cannot reach "
                            "it; fix the tool name or remove the manifest")
 
 
-def l035_upstream_without_manifest(ctx: Context) -> Iterator[tuple[str, str]]:
+def l035_upstream_without_manifest(ctx: Context) -> Iterator[tuple[str, str, str]]:
     declared = {upstream_name(m) for m in ctx.manifests}
     for name in sorted(ctx.upstream):
         if name not in declared:
-            yield name, ("the upstream offers this tool but no manifest declares it: agents "
+            yield name, "", ("the upstream offers this tool but no manifest declares it: agents "
                          "cannot call it through the gateway; write a manifest for it")
 
 
@@ -322,9 +335,9 @@ def lint(manifests: Sequence[ToolManifest],
          upstream_schemas: Mapping[str, dict[str, Any]] | None = None) -> list[Finding]:
     """Every finding, sorted stably by tool then code (rule order within one code)."""
     ctx = Context(manifests, {m.tool: m for m in manifests}, upstream_schemas or {})
-    findings = [Finding(rule.code, rule.level, tool, message)
+    findings = [Finding(rule.code, rule.level, tool, message, path)
                 for rule in RULES if upstream_schemas is not None or not rule.needs_upstream
-                for tool, message in rule.check(ctx)]
+                for tool, path, message in rule.check(ctx)]
     return sorted(findings, key=lambda f: (f.tool, f.code))
 
 
@@ -334,15 +347,77 @@ def counts(findings: Sequence[Finding]) -> tuple[int, int, int]:
     return levels.count("error"), levels.count("warning"), levels.count("info")
 
 
-def lint_report_json(findings: Sequence[Finding]) -> dict[str, Any]:
+# ---- silencing ----------------------------------------------------------------------------
+# A finding someone has weighed and accepted should not fail every CI run, but nor should
+# it vanish: a silenced finding is still listed, with who silenced it and why. Two ways:
+# `--disable CODE` for a whole run, and, in a ToolManifest resource, the annotation
+# `ignore-check.unwind.dev/<CODE>: "<reason>"` (the convention kube-linter uses) for one
+# manifest; a reason is required there, because the annotation outlives the review.
+
+IGNORE_PREFIX = "ignore-check.unwind.dev/"
+CODES = frozenset(rule.code for rule in RULES)
+
+
+@dataclass(frozen=True)
+class Silenced:
+    finding: Finding
+    reason: str  # the annotation's reason, or "--disable"
+
+    def to_json(self) -> dict[str, Any]:
+        return {**self.finding.to_json(), "reason": self.reason}
+
+
+def ignores_from_annotations(annotations: Mapping[str, str]) -> tuple[dict[str, str], list[tuple[str, str]]]:
+    """(code -> reason, problems as (annotation, message)) from one resource's annotations."""
+    ignores: dict[str, str] = {}
+    problems: list[tuple[str, str]] = []
+    for key, value in annotations.items():
+        if not key.startswith(IGNORE_PREFIX):
+            continue
+        code = key.removeprefix(IGNORE_PREFIX)
+        if code not in CODES:
+            problems.append((key, f"{code!r} is not a lint code (codes: {', '.join(sorted(CODES))})"))
+        elif not str(value).strip():
+            problems.append((key, "say why the finding is accepted: the reason is what a reviewer "
+                             "reads, e.g. \"verified by the nightly reconciliation job\""))
+        else:
+            ignores[code] = str(value).strip()
+    return ignores, problems
+
+
+def silence(findings: Sequence[Finding], disabled: Iterable[str] = (),
+            ignores: Mapping[str, Mapping[str, str]] | None = None) -> tuple[list[Finding], list[Silenced]]:
+    """Split findings into those that count and those silenced: by ``disabled`` codes, or
+    by ``ignores`` (tool -> code -> reason)."""
+    off = set(disabled)
+    kept: list[Finding] = []
+    quiet: list[Silenced] = []
+    for f in findings:
+        reason = "--disable" if f.code in off else (ignores or {}).get(f.tool, {}).get(f.code)
+        if reason is None:
+            kept.append(f)
+        else:
+            quiet.append(Silenced(f, reason))
+    return kept, quiet
+
+
+def _count(n: int, word: str) -> str:
+    return f"{n} {word}" + ("" if n == 1 else "s")
+
+
+def lint_report_json(findings: Sequence[Finding], silenced: Sequence[Silenced] = ()) -> dict[str, Any]:
     errors, warnings, notes = counts(findings)
     return {"findings": [f.to_json() for f in findings],
-            "errors": errors, "warnings": warnings, "notes": notes}
+            "errors": errors, "warnings": warnings, "notes": notes,
+            "silenced": [s.to_json() for s in silenced]}
 
 
-def lint_report_text(findings: Sequence[Finding]) -> str:
+def lint_report_text(findings: Sequence[Finding], silenced: Sequence[Silenced] = ()) -> str:
     """The CLI's listing: one line per finding, then the totals."""
     errors, warnings, notes = counts(findings)
     lines = [str(f) for f in findings]
-    lines.append(f"{errors} errors, {warnings} warnings, {notes} notes")
+    total = f"{_count(errors, 'error')}, {_count(warnings, 'warning')}, {_count(notes, 'note')}"
+    if silenced:
+        total += f"; {len(silenced)} silenced (listed with -o json)"
+    lines.append(total)
     return "\n".join(lines)

@@ -25,7 +25,7 @@ from pydantic import (
     model_validator,
 )
 
-from .durations import parse_duration
+from .durations import parse_manifest_duration
 
 # The one tool-name pattern. In Python, check it with ``re.fullmatch`` (``$`` alone would
 # also match before a trailing newline). It is written for the schemas too: JSON Schema
@@ -39,7 +39,7 @@ ToolName = Annotated[str, WithJsonSchema({"type": "string", "pattern": TOOL_NAME
 
 
 def _duration(value: Any) -> Any:
-    return None if value is None else parse_duration(value)
+    return None if value is None else parse_manifest_duration(value)
 
 
 _DURATION_SCHEMA = WithJsonSchema({

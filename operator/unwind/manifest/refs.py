@@ -13,6 +13,7 @@ value or it does not, so an undo is never built from a guess.
 
 from __future__ import annotations
 
+import difflib
 import re
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -76,14 +77,31 @@ def parse_ref(raw: Any) -> Ref:
         if text == prefix:
             raise RefSyntaxError(f"{raw!r} names no field: write {prefix}.<field>")
         if text.startswith(prefix + ".") or text.startswith(prefix + "["):
-            return Ref(root=root, path=_parse_path(raw, text[len(prefix):]), optional=optional)
+            start = len(raw) - len(raw.lstrip()) + len(prefix)  # where the path begins in raw
+            return Ref(root=root, path=_parse_path(raw, text[len(prefix):], start), optional=optional)
     raise RefSyntaxError(
-        f"{raw!r} is not a reference: it must start with $args., $result. or be $key "
-        "(or a literal {const: <value>})"
+        f"{raw!r} is not a reference{_suggestion(text)}: it must start with $args., $result. "
+        "or be $key (or a literal {const: <value>})"
     )
 
 
-def _parse_path(raw: str, rest: str) -> tuple[Segment, ...]:
+def _suggestion(text: str) -> str:
+    """`$arg.id` -> `$args.id`, `$results.x` -> `$result.x`, `args.id` -> `$args.id`."""
+    match = re.match(r"\$?([A-Za-z_]+)(.*)", text, re.S)
+    if not match:
+        return ""
+    word, rest = match.groups()
+    close = difflib.get_close_matches(word.lower(), ["args", "result", "key"], n=1, cutoff=0.6)
+    if not close:
+        return ""
+    if close[0] == "key":
+        return " (did you mean $key?)"
+    return f" (did you mean ${close[0]}{rest}?)"
+
+
+def _parse_path(raw: str, rest: str, start: int = 0) -> tuple[Segment, ...]:
+    """The segments of ``rest``, the path part of ``raw`` that begins at index ``start``
+    (errors count characters of ``raw`` from 1)."""
     segments: list[Segment] = []
     pos = 0
     while pos < len(rest):
@@ -91,7 +109,8 @@ def _parse_path(raw: str, rest: str) -> tuple[Segment, ...]:
             match = _NAME.match(rest, pos + 1)
             if not match:
                 raise RefSyntaxError(
-                    f"{raw!r}: expected a field name after '.' at position {pos + 1} "
+                    f"{raw!r}: expected a field name after the '.' at character "
+                    f"{start + pos + 1} "
                     "(names are letters, digits, _ and -; no wildcards or expressions)"
                 )
             name = match.group(0)

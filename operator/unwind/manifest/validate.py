@@ -3,20 +3,23 @@
 Each rule is a small function named after what it enforces, yielding ``(field path,
 message)`` pairs; ``MANIFEST_RULES`` and ``SET_RULES`` are the ordered tables. The CLI, the
 admission webhook, the operator and the gateway all call ``validate_manifest`` and
-``validate_set`` and nothing else, so they cannot disagree.
+``validate_set`` (through ``validate_namespace`` where lifecycles matter) and nothing else,
+so they cannot disagree.
 """
 
 from __future__ import annotations
 
+import difflib
 import re
 import unicodedata
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import replace
 from typing import Any
 
 from pydantic import ValidationError
 
 from .issues import Issue, format_path, input_path, issues_from_validation_error, without_paths
-from .model import TOOL_NAME_PATTERN, UNDOABLE, Effect, ToolManifest
+from .model import TOOL_NAME_PATTERN, UNDOABLE, Effect, Lifecycle, ToolManifest
 from .places import READER_PLACES, names_at
 from .refs import RefSyntaxError, parse_ref
 
@@ -29,6 +32,11 @@ _ARGS_PLACEHOLDER = re.compile(r"args\.[A-Za-z0-9_\-]+(\.[A-Za-z0-9_\-]+)*")  # 
 _ROOT_WORDS = {"args": "$args", "result": "$result", "key": "$key", "const": "a {const: ...} literal"}
 
 
+def _a(word: str) -> str:
+    """The word with its indefinite article: a compensable, an irreversible."""
+    return f"{'an' if word[:1].lower() in 'aeiou' else 'a'} {word}"
+
+
 def _name_problem(name: str) -> str | None:
     if len(name) > 128:
         return f"is {len(name)} characters long; the limit is 128"
@@ -38,8 +46,8 @@ def _name_problem(name: str) -> str | None:
                    if unicodedata.category(ch) in ("Cc", "Cf", "Zl", "Zp")), None)
     if hidden is not None:
         i, ch = hidden
-        return (f"{name!r} has a control character or line break (U+{ord(ch):04X} at "
-                f"position {i}), which would print like another name: remove it; tool "
+        return (f"{name!r} has a control character or line break (U+{ord(ch):04X}, "
+                f"character {i + 1} of the name), which would print like another name: remove it; tool "
                 "names are letters, digits and _ . : / - only")
     return f"{name!r} is not a valid tool name: use letters, digits and _ . : / - only"
 
@@ -62,10 +70,10 @@ def permission_has_no_whitespace(m: ToolManifest) -> Iterator[Finding]:
 def compensation_matches_effect(m: ToolManifest) -> Iterator[Finding]:
     """Reversible and compensable tools declare a compensation; other effects must not."""
     if m.effect in UNDOABLE and m.compensation is None:
-        yield "compensation", (f"a {m.effect} tool must declare how it is undone: add "
+        yield "compensation", (f"{_a(m.effect)} tool must declare how it is undone: add "
                                "compensation: {tool, argument_map}")
     if m.effect not in UNDOABLE and m.compensation is not None:
-        yield "compensation", (f"a {m.effect} tool has nothing to undo: remove compensation, "
+        yield "compensation", (f"{_a(m.effect)} tool has nothing to undo: remove compensation, "
                                "or change effect to reversible or compensable")
 
 
@@ -163,7 +171,7 @@ def deadline_bounds_an_inverse(m: ToolManifest) -> Iterator[Finding]:
 
 def retry_only_when_safe(m: ToolManifest) -> Iterator[Finding]:
     if m.retry is not None and m.effect not in (Effect.read_only, Effect.idempotent):
-        yield "retry", (f"retrying a {m.effect} tool could repeat its effect: remove retry, "
+        yield "retry", (f"retrying {_a(m.effect)} tool could repeat its effect: remove retry, "
                         "or declare the tool idempotent if repeating it is safe")
 
 
@@ -298,8 +306,10 @@ def referenced_tools_exist(ms: Sequence[ToolManifest], by: dict[str, ToolManifes
     for i, m in enumerate(ms):
         for path, name in tool_references(m):
             if name not in by and name != m.tool:
-                yield Issue(m.tool, path, f"names {name!r}, which has no manifest: add one or fix "
-                            "the name", index=i, ref=name)
+                close = difflib.get_close_matches(name, [t for t in by if t != m.tool], n=1, cutoff=0.8)
+                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                yield Issue(m.tool, path, f"names {name!r}, which has no manifest{hint}: add one "
+                            "or fix the name", index=i, ref=name)
 
 
 def read_backs_are_read_only(ms: Sequence[ToolManifest], by: dict[str, ToolManifest]) -> Iterator[Issue]:
@@ -335,12 +345,20 @@ def find_requires_cycles(ms: Iterable[ToolManifest]) -> list[list[str]]:
                 state[path.pop()] = 2
                 todo.pop()
             elif state.get(nxt) == 1:
-                cycles.append([*path[path.index(nxt):], nxt])
+                cycles.append(_from_smallest(path[path.index(nxt):]))
             elif nxt in graph and nxt not in state:
                 state[nxt] = 1
                 path.append(nxt)
                 todo.append(iter(graph[nxt]))
     return cycles
+
+
+def _from_smallest(loop: list[str]) -> list[str]:
+    """A cycle written from its smallest name and closed (a -> b -> a), so the same cycle
+    reads the same whichever tool the search reached it from."""
+    start = loop.index(min(loop))
+    turned = loop[start:] + loop[:start]
+    return [*turned, turned[0]]
 
 
 def requires_has_no_cycle(ms: Sequence[ToolManifest], _: dict[str, ToolManifest]) -> Iterator[Issue]:
@@ -363,3 +381,44 @@ def validate_set(manifests: Sequence[ToolManifest]) -> list[Issue]:
     """Cross-manifest checks over one namespace, or over the files given to the CLI."""
     by_name = {m.tool: m for m in manifests}
     return [issue for rule in SET_RULES for issue in rule(manifests, by_name)]
+
+
+def validate_namespace(manifests: Sequence[ToolManifest]) -> list[Issue]:
+    """The set-level check of one namespace, judged the way the cluster enforces it.
+
+    Only non-draft manifests are ever enforced, so they must form a valid set on their own
+    (``validate_set`` over them): an approved tool that names a tool with only a draft
+    version would lean on something the gateway refuses, and that missing reference says
+    "names X, which has no approved version: approve it first". A draft is checked against
+    everything (the enforced set plus the other drafts), so its author sees what it would
+    break once approved. A tool declared twice is an error whatever the lifecycles.
+
+    Each issue's ``index`` is the position in ``manifests`` of the manifest it is about.
+    Everything that checks a namespace (``unwind validate`` offline, the operator's
+    reconcile) must call this function, so an offline check and the cluster cannot
+    disagree; a rule about lifecycles across tools belongs here, not in a caller.
+    """
+    enforced = [i for i, m in enumerate(manifests) if m.lifecycle != Lifecycle.draft]
+    only_drafts = {m.tool for m in manifests} - {manifests[i].tool for i in enforced}
+    issues: list[Issue] = []
+    for issue in validate_set([manifests[i] for i in enforced]):
+        index = enforced[issue.index] if issue.index is not None else None
+        issues.append(replace(_explain_draft(issue, only_drafts), index=index))
+    seen = {_issue_key(i) for i in issues}
+    for issue in validate_set(manifests):  # drafts, and what only drafts add (duplicates, cycles)
+        if _issue_key(issue) not in seen:
+            seen.add(_issue_key(issue))
+            issues.append(issue)
+    return issues
+
+
+def _explain_draft(issue: Issue, only_drafts: set[str]) -> Issue:
+    """A missing reference to a tool that exists only as a draft says so, and what to do."""
+    if issue.ref is not None and issue.ref in only_drafts:
+        return replace(issue, message=f"names {issue.ref!r}, which has no approved version: "
+                       "approve it first")
+    return issue
+
+
+def _issue_key(issue: Issue) -> tuple[int | None, str | None, str, str]:
+    return (issue.index, issue.tool, issue.path, issue.message)

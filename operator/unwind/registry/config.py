@@ -4,11 +4,13 @@
 
     manifests: registry            # the registry folder, or an https:// URL
     manifest_public_key: keys/mf.pub   # a path, a PEM, or a list of either
+    signing_key: keys/mf.key       # the default --key of writing commands (a path)
 
 Trusted keys are taken from the first of these that is set: ``--trust`` paths, the
 ``UNWIND_MANIFEST_PUBLIC_KEY`` environment variable, ``manifest_public_key``. They are not
 merged: the narrowest, most explicit source wins, so a stray environment variable cannot
-widen what a command line said to trust.
+widen what a command line said to trust. The signing key of writing commands is
+``--key``, else ``UNWIND_SIGNING_KEY`` (a path), else ``signing_key``.
 """
 
 from __future__ import annotations
@@ -26,6 +28,9 @@ from .signing import TrustStore
 
 CONFIG_FILE = "unwind.yaml"
 DEFAULT_REGISTRY = "registry"
+# The keys this module reads (`unwind validate` reports others as likely typos; a part
+# of Unwind that reads another key from unwind.yaml adds it here).
+KNOWN_KEYS = ("manifests", "manifest_public_key", "signing_key")
 
 
 @dataclass(frozen=True)
@@ -33,6 +38,7 @@ class RegistryConfig:
     registry: str = DEFAULT_REGISTRY
     public_keys: list[str] = field(default_factory=list)
     base: Path = Path()
+    signing_key: str | None = None  # a path, relative to base
 
 
 def load_config(folder: str | os.PathLike[str] | None = None) -> RegistryConfig:
@@ -49,12 +55,26 @@ def load_config(folder: str | os.PathLike[str] | None = None) -> RegistryConfig:
     registry = data.get("manifests", DEFAULT_REGISTRY)
     keys = data.get("manifest_public_key") or []
     keys = [keys] if isinstance(keys, str) else keys
-    if not isinstance(registry, str) or not all(isinstance(k, str) for k in keys):
-        raise RegistryError("invalid", f"{path}: manifests must be a string and "
-                            "manifest_public_key a string or a list of strings")
+    signing_key = data.get("signing_key")
+    if not isinstance(registry, str) or not all(isinstance(k, str) for k in keys) \
+            or not isinstance(signing_key, str | None):
+        raise RegistryError("invalid", f"{path}: manifests must be a string, "
+                            "manifest_public_key a string or a list of strings, and signing_key "
+                            "a path")
     if "://" not in registry and not Path(registry).is_absolute():
         registry = str(base / registry) if folder is not None else registry
-    return RegistryConfig(registry=registry, public_keys=list(keys), base=base)
+    if signing_key is not None and folder is not None and not Path(signing_key).is_absolute():
+        signing_key = str(base / signing_key)
+    return RegistryConfig(registry=registry, public_keys=list(keys), base=base,
+                          signing_key=signing_key)
+
+
+def signing_key_path(given: str | None, config: RegistryConfig,
+                     environ: Mapping[str, str] | None = None) -> str | None:
+    """The signing key of a writing command: ``--key``, else ``UNWIND_SIGNING_KEY``, else
+    ``signing_key`` in unwind.yaml, else none."""
+    env = os.environ if environ is None else environ
+    return given or env.get("UNWIND_SIGNING_KEY") or config.signing_key
 
 
 def resolve_trust(trust_paths: Sequence[str] | None, config: RegistryConfig,

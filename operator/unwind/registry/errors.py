@@ -32,7 +32,8 @@ CODES = {
     "index_expired": "index.json's signature has expired: re-sign the index",
     "index_rollback": "index.json's generation is lower than one accepted before",
     "unlisted_version": "a version file is present that index.json does not list",
-    "key_required": "index.json is signed, so a write needs --key to sign the new index",
+    "key_required": "a write needs --key: index.json is signed, or a trusted key is set (readers "
+                    "would refuse an unsigned version)",
 }
 
 

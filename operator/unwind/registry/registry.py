@@ -80,7 +80,9 @@ class Registry:
     ``generations`` keeps the highest index generation accepted from this registry (a
     reader refuses a lower one; a writer refuses to write over one). ``trust`` is what a
     writer accepts the current index's signature from besides its own key (another
-    signer's key, while keys are rotated); readers take their trust store per call.
+    signer's key, while keys are rotated); a writer given one must also sign what it
+    writes, since readers that trust those keys refuse anything unsigned. Readers take
+    their trust store per call.
     ``index_ttl`` is how long an index signed here stays valid.
     """
 
@@ -129,9 +131,13 @@ class Registry:
             self.generations.accept(self.storage.location(), index.generation)
 
     def _entries(self, tool: str) -> Entries:
-        entries = self._index().get(tool)
+        index = self._index(must_exist=True)
+        entries = index.get(tool)
         if not entries:
-            raise RegistryError("not_found", f"{tool} is not in the registry")
+            close = difflib.get_close_matches(tool, list(index), n=1)
+            hint = f" (did you mean {close[0]}?)" if close else ""
+            raise RegistryError("not_found", f"{tool} is not in the registry at "
+                                f"{self.storage.location()}{hint}")
         return entries
 
     @staticmethod
@@ -169,15 +175,21 @@ class Registry:
     def _enforced(entries: Sequence[IndexEntry]) -> IndexEntry | None:
         return next((e for e in reversed(entries) if e.lifecycle != "draft"), None)
 
+    def enforced(self, tool: str) -> IndexEntry | None:
+        """The version of ``tool`` that ``load`` returns (the newest non-draft), if any."""
+        return self._enforced(self._index().get(tool, []))
+
+    def version(self, tool: str, version: int) -> VersionRecord:
+        """One stored version of ``tool`` (not_found naming the versions there are)."""
+        return self._record(tool, self._entry(tool, self._entries(tool), version).version)
+
     def history(self, tool: str) -> builtins.list[VersionRecord]:
         return [self._record(tool, e.version) for e in self._entries(tool)]
 
     def diff(self, tool: str, a: int, b: int) -> str:
         """A unified diff of the two versions' manifests as pretty, key-sorted JSON."""
-        entries = self._entries(tool)
-        texts = [json.dumps(self._record(tool, self._entry(tool, entries, n).version).manifest,
-                            indent=2, sort_keys=True, ensure_ascii=False).splitlines(keepends=True)
-                 for n in (a, b)]
+        texts = [json.dumps(self.version(tool, n).manifest, indent=2, sort_keys=True,
+                            ensure_ascii=False).splitlines(keepends=True) for n in (a, b)]
         return "".join(difflib.unified_diff(texts[0], texts[1], f"{tool}@v{a}", f"{tool}@v{b}"))
 
     def list(self) -> builtins.list[ToolSummary]:
@@ -236,7 +248,8 @@ class Registry:
         problems = self.verify(None)
         if problems:
             raise RegistryError(problems[0].code, (
-                f"not signing {self.storage.location()}: {len(problems)} problem(s), the first: "
+                f"not signing {self.storage.location()}: {len(problems)} "
+                f"{'problem' if len(problems) == 1 else 'problems'}, the first: "
                 f"{problems[0]}; run `unwind manifests verify` and fix them first"))
         return self._update_index(key)
 
@@ -354,18 +367,27 @@ class Registry:
     def _write(self, record: VersionRecord, index: Index,
                key: Ed25519PrivateKey | None) -> Outcome:
         entries = index.get(record.tool, [])
-        if entries:
-            # Unchanged when the same content, numbered like the newest version, gives the
-            # newest version's checksum: republishing a file is then a no-op.
-            same = {**record.manifest, "version": entries[-1].version}
-            if checksum(same) == entries[-1].checksum:
-                return Outcome(self._record(record.tool, entries[-1].version), changed=False)
+        if entries and self._same_as_newest(record, entries[-1]):
+            return Outcome(self._record(record.tool, entries[-1].version), changed=False)
         self._check_writable(self.read_index(), key)  # before the version file is made
         if key is not None:
             record = replace(record, signature=sign(key, record.message))
         self.storage.write_version(record.tool, record.version, record.to_json())
         self._update_index(key, record.tool, [*entries, record.index_entry()])
         return Outcome(record)
+
+    def _same_as_newest(self, record: VersionRecord, newest: IndexEntry) -> bool:
+        """Nothing to write: the newest version already says the same (version number and
+        lifecycle aside) and is as far along: the same lifecycle, or, for a draft, any
+        (publishing approved content again as a draft is not a new draft). So running the
+        same publish twice, before or after an approval, is harmless."""
+        if record.lifecycle not in (newest.lifecycle, "draft"):
+            return False
+        if newest.lifecycle == record.lifecycle:  # the cheap check, without reading the file
+            return checksum({**record.manifest, "version": newest.version}) == newest.checksum
+        stored = self._record(record.tool, newest.version).manifest
+        keep = {k: v for k, v in record.manifest.items() if k not in ("version", "lifecycle")}
+        return keep == {k: v for k, v in stored.items() if k not in ("version", "lifecycle")}
 
     def _update_index(self, key: Ed25519PrivateKey | None, tool: str | None = None,
                       entries: Entries | None = None) -> RegistryIndex:
@@ -401,8 +423,16 @@ class Registry:
         """Refuse to write over an index this writer cannot vouch for: an older generation
         than one accepted before, or a signed index whose signature does not verify against
         the writer's key or a trusted key (re-signing it would launder whatever was changed).
-        An unsigned index may be written over; the first keyed write signs it."""
+        An unsigned index may be written over; the first keyed write signs it. And refuse an
+        unsigned write while a trusted key is set: readers would refuse what it writes, so
+        it is better found out here than by the next `verify` or gateway load."""
         where = self.storage.location()
+        if key is None and self.trust is not None and self.trust.keys:
+            raise RegistryError("key_required", (
+                f"a trusted key is set ({len(self.trust.keys)} "
+                f"{'key' if len(self.trust.keys) == 1 else 'keys'}), so every reader would "
+                f"refuse an unsigned version of {where}: pass --key to sign it (or, for a "
+                "registry that is meant to be unsigned, unset the trusted keys)"))
         floor = self._floor(None)
         if current.generation < floor.generation:
             raise RegistryError("index_rollback", (

@@ -1,4 +1,5 @@
-""".gitignore patterns, for the folders `unwind manifests rename|remove` walk.
+""".gitignore patterns, for the folders the CLI walks (`unwind validate`, `lint`, `test`,
+`unwind manifests rename|remove`).
 
 A repository root holds `.venv/`, build output and other things nobody wants edited or
 even read; git already lists them. This is a small matcher for the patterns people
