@@ -38,7 +38,7 @@ from ..manifest.canonical import canonical_json, checksum_bytes
 from ..manifest.issues import Issue
 from ..manifest.lint import lint
 from ..manifest.model import ToolManifest
-from ..manifest.validate import validate_manifest, validate_set
+from ..manifest.validate import validate_manifest, validate_namespace
 from ..registry.signing import Signature, TrustStore
 from .approval import (
     ApprovalObject,
@@ -428,25 +428,33 @@ def _fall_back(st: _State, by_owner: dict[str, dict[str, Revision]],
 
 def _settle_set(states: list[_State], by_owner: dict[str, dict[str, Revision]],
                 enforced: dict[str, tuple[str, str]]) -> None:
-    """Check the set until it is consistent: a manifest whose set-level check fails falls back
-    to its last approved version (or leaves the bundle), which may affect others, so repeat.
-    Then check each version that is not enforced (a draft, or one waiting for approval)
-    against the enforced set with itself in place, so its author sees what would break."""
-    drafts = {st.model.tool for st in states if st.model is not None and not st.issues and not st.approved}
+    """Check the namespace with ``validate_namespace`` (the one set check ``unwind validate``
+    runs offline too) until it is consistent: an enforced version that breaks the set falls
+    back to the last approved one (or leaves the bundle), which may affect others, so
+    repeat. Versions that are not enforced (drafts, versions waiting for approval) count as
+    drafts: they never break the enforced set, and each is checked with itself in place of
+    its tool's enforced version, so its author sees what would break."""
+    def drafted(st: _State) -> ToolManifest:
+        assert st.model is not None
+        return st.model.model_copy(update={"lifecycle": "draft"})
+
     # Each round changes at least one manifest's choice, and a choice only moves
     # current -> last good -> none, so 2n + 1 rounds always suffice.
     for _ in range(2 * len(states) + 1):
-        live = {st.chosen.tool: st for st in states if st.chosen is not None}
-        problems: dict[str, list[Issue]] = {}
-        for issue in validate_set([st.chosen for st in live.values() if st.chosen is not None]):
-            problems.setdefault(issue.tool or "", []).append(issue)
+        live = [st for st in states if st.chosen is not None]
+        tools = {st.chosen.tool for st in live if st.chosen is not None}
+        # drafts of tools nothing enforces: they explain a missing reference ("approve it first")
+        others = [st for st in states if st.model is not None and not st.issues and not st.current_chosen
+                  and st.model.tool not in tools]
+        models = [st.chosen.model_copy(update={"lifecycle": st.chosen_lifecycle}) for st in live
+                  if st.chosen is not None] + [drafted(st) for st in others]
         changed = False
-        for tool, issues in problems.items():
-            st = live.get(tool)
-            if st is None or not issues:
+        for issue in validate_namespace(models):
+            if issue.index is None or issue.index >= len(live):
                 continue
+            st = live[issue.index]
             if st.current_chosen:  # the current spec breaks the set
-                st.issues.extend(_explain(i, drafts) for i in issues)
+                st.issues.append(issue)
                 st.set_reason = Reason.SET_INVALID
                 st.approved = False
                 _fall_back(st, by_owner, enforced)
@@ -455,25 +463,20 @@ def _settle_set(states: list[_State], by_owner: dict[str, dict[str, Revision]],
             changed = True
         if not changed:
             break
-    enforced_models = {st.chosen.tool: st.chosen for st in states if st.chosen is not None}
+    enforced_models = {st.chosen.tool: st.chosen.model_copy(update={"lifecycle": st.chosen_lifecycle})
+                       for st in states if st.chosen is not None}
     pending = [st for st in states if st.model is not None and not st.issues and not st.current_chosen]
     if not pending:
         return
-    candidates = {**enforced_models, **{st.model.tool: st.model for st in pending if st.model is not None}}
-    by_tool = {st.model.tool: st for st in pending if st.model is not None}
-    for issue in validate_set(list(candidates.values())):
-        st = by_tool.get(issue.tool or "")
-        if st is not None:
-            st.issues.append(_explain(issue, {t for t in drafts if t not in enforced_models}))
+    # one check of the namespace as it would be with every pending version in place
+    replaced = {st.model.tool for st in pending if st.model is not None}
+    models = [m for t, m in enforced_models.items() if t not in replaced]
+    first = len(models)
+    for issue in validate_namespace([*models, *(drafted(st) for st in pending)]):
+        if issue.index is not None and issue.index >= first:
+            st = pending[issue.index - first]
+            st.issues.append(issue)
             st.set_reason = Reason.SET_INVALID
-
-
-def _explain(issue: Issue, drafts: set[str]) -> Issue:
-    """Say so when a missing reference is in fact only a draft."""
-    if issue.ref in drafts:
-        return Issue(issue.tool, issue.path, f"names {issue.ref!r}, which has no approved version: "
-                     "approve it first")
-    return issue
 
 
 def _lint_by_tool(models: list[ToolManifest]) -> dict[str, list[dict[str, str]]]:
