@@ -24,7 +24,7 @@ from typing import Any
 import yaml
 from kubernetes import client, config
 
-from ..bundle import BundleError, load_bundle
+from ..bundle import BundleError, data_size, load_bundle
 from ..controlplane import ControlPlane
 from ..controlplane.cluster import free_ports
 from ..controlplane.dev import (
@@ -41,7 +41,7 @@ from ..registry.signing import TrustStore
 NAMESPACE = "bench"
 
 
-def manifests(n: int) -> list[dict[str, object]]:
+def manifests(n: int, description: int = 0) -> list[dict[str, object]]:
     out: list[dict[str, object]] = []
     for i in range(n):
         kind = i % 3
@@ -59,19 +59,25 @@ def manifests(n: int) -> list[dict[str, object]]:
                                      "verification": {"tool": f"svc{base}.get",
                                                       "arguments": {"id": "$result.id"},
                                                       "expect": {"state": "undone"}}}}
+        if description:
+            spec["description"] = ("Does one thing of service " + str(base) + ". ").ljust(description, "x")
         out.append({"apiVersion": "unwind.dev/v1alpha1", "kind": "ToolManifest",
                     "metadata": {"name": f"m{i:05d}", "namespace": NAMESPACE}, "spec": spec})
     return out
 
 
-def bundle_tools(api: client.ApiClient) -> int:
+def bundle_configmaps(api: client.ApiClient) -> dict[str, dict[str, str]]:
     core: Any = client.CoreV1Api(api)
     cms = core.list_namespaced_config_map(NAMESPACE, label_selector="unwind.dev/bundle")
+    return {c.metadata.name: dict(c.data or {}) for c in cms.items}
+
+
+def bundle_tools(api: client.ApiClient) -> int:
+    core: Any = client.CoreV1Api(api)
     trust_cm = core.read_namespaced_config_map("unwind-trust", OPERATOR_NAMESPACE)
     trust = TrustStore.from_pem_text("\n".join(trust_cm.data.values()))
     try:
-        return len(load_bundle({c.metadata.name: dict(c.data or {}) for c in cms.items}, trust,
-                               namespace=NAMESPACE).manifests)
+        return len(load_bundle(bundle_configmaps(api), trust, namespace=NAMESPACE).manifests)
     except BundleError:
         return 0
 
@@ -98,6 +104,8 @@ def rss_mb(pid: int) -> float:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("-n", type=int, default=1000)
+    parser.add_argument("--description", type=int, default=0, metavar="BYTES",
+                        help="give every manifest a description this long (e.g. 400)")
     parser.add_argument("--timeout", type=float, default=120)
     parser.add_argument("--operator-arg", dest="operator_args", action="append", default=[],
                         help="extra argument for `unwind operator` (repeatable), e.g. --bundle-window=5")
@@ -113,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             kubectl(cp.kubeconfig, "create", "namespace", NAMESPACE)
             path = Path(tmp) / "manifests.yaml"
-            path.write_text(yaml.safe_dump_all(manifests(args.n)))
+            path.write_text(yaml.safe_dump_all(manifests(args.n, args.description)))
             assert op.proc is not None
             idle = rss_mb(op.proc.pid)
             t0 = time.monotonic()
@@ -130,6 +138,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(op.log.read_text()[-4000:])
             time.sleep(3)  # let any trailing reconcile run, so its writes are counted
             writes = metric(metrics_port, "unwind_bundle_writes_total")
+            final = bundle_configmaps(api)
+            size = sum(data_size(d) for d in final.values())
             assert op.proc is not None
             rss = peak_rss_mb(op.proc.pid)
         finally:
@@ -140,6 +150,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'apply start -> bundle holds all N verified tools':<58}"
           f"{(f'{converged:.1f} s' if converged else 'timeout'):>12}{'<= 30 s':>10}")
     print(f"{'bundle ConfigMap writes':<58}{writes:>12.0f}{'<= 10':>10}")
+    print(f"{'bundle size (data bytes, all ConfigMaps)':<58}{size:>12}")
+    print(f"{'bundle ConfigMaps (the index and its shards)':<58}{len(final):>12}")
     print(f"{'baseline: operator RSS idle, before the apply':<58}{idle:>9.0f} MB")
     print(f"{'operator peak RSS (VmHWM)':<58}{rss:>9.0f} MB{'<= 150 MB':>10}")
     print(f"N = {args.n}")

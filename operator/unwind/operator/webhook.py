@@ -49,6 +49,7 @@ class TLSKeeper:
     loaded: str = ""  # the serving certificate in use
     ready: asyncio.Event = field(default_factory=asyncio.Event)
     _version: str | None = None  # the Secret's resourceVersion when last read
+    _warned: bool = False
 
     def __post_init__(self) -> None:
         self.core: Any = client.CoreV1Api(self.api)
@@ -111,6 +112,7 @@ class TLSKeeper:
     def sync_ca_bundles(self, ca_pem: str) -> None:
         """Every webhook of our configurations trusts exactly this CA bundle."""
         bundle = base64.b64encode(ca_pem.encode()).decode()
+        found = 0
         for kind, read, patch in (
                 ("Validating", self.admission.read_validating_webhook_configuration,
                  self.admission.patch_validating_webhook_configuration),
@@ -123,6 +125,7 @@ class TLSKeeper:
                     if exc.status == 404:
                         continue  # this configuration kind is not installed
                     raise
+                found += 1
                 ops = [{"op": "replace" if hook.client_config.ca_bundle else "add",
                         "path": f"/webhooks/{i}/clientConfig/caBundle", "value": bundle}
                        for i, hook in enumerate(config.webhooks or [])
@@ -132,6 +135,11 @@ class TLSKeeper:
                                    "value": config.metadata.resource_version})
                     patch(name, ops)
                     log.info("webhook TLS: caBundle of %sWebhookConfiguration %s updated", kind, name)
+        if not found and not self._warned:
+            self._warned = True
+            log.error("no webhook configuration named %s is installed: nothing stamps who applied or "
+                      "approved a manifest, so no version will be approved; install the chart's "
+                      "webhooks (or pass --webhook-configuration)", ", ".join(self.configurations))
 
     def _load(self, cert: str, key: str) -> None:
         # Fresh file names each time: load_cert_chain reads paths, and the files are gone
