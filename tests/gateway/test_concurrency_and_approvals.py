@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+from datetime import UTC, datetime, timedelta
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -108,7 +109,8 @@ def test_after_the_timeout_the_escalation_group_can_approve(
     early = unwind("approve", "--ledger", ledger_file(gateway, run_name), "--entry", "e1",
                    "--by", "carol", "--group", "cfo")
     assert "holds none of groups ops" in early.stderr
-    time.sleep(1.2)
+    requested = datetime.fromisoformat(gateway.entries(run_name)[0]["times"]["requested"])
+    time.sleep(max(0.0, (requested + timedelta(seconds=4.2) - datetime.now(UTC)).total_seconds()))
     late = unwind("approve", "--ledger", ledger_file(gateway, run_name), "--entry", "e1",
                   "--by", "dave", "--group", "cfo")
     assert "approved by dave" in late.stdout, late.stdout + late.stderr

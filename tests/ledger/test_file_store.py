@@ -66,6 +66,8 @@ def test_a_full_page_continues_in_a_linked_page(tmp_path: Path) -> None:
     fresh = FileStore(tmp_path, page_bytes=600)
     assert [e.seq for e in fresh.entries_sync("run-1")] == [1, 2, 3, 4]
     assert fresh.get_sync("run-1", "e3") is not None
+    store.update_sync("run-1", "e0", lambda e: e.model_copy(update={"state": "succeeded"}))
+    assert fresh.get_sync("run-1", "e0").state == "succeeded"  # type: ignore[union-attr]
 
 
 def test_a_ledger_that_cannot_be_read_makes_the_store_unavailable(tmp_path: Path) -> None:

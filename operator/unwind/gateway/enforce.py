@@ -426,8 +426,12 @@ class Gateway:
         started = time.perf_counter()
         try:
             return await op
-        except StoreUnavailable as exc:
+        except (EntryExists, EntryMissing, Stale):
+            raise  # answers of the store protocol, for the caller to handle
+        except Exception as exc:  # StoreUnavailable, or a store that broke in another way
             self.metrics.ledger_failures.inc()
+            if not isinstance(exc, StoreUnavailable):
+                log.exception("the ledger store failed")
             raise Refusal("ledger_unavailable", f"the ledger cannot be written, so nothing is "
                           f"called: {exc}") from None
         finally:

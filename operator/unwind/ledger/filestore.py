@@ -2,8 +2,9 @@
 
 ``<dir>/<run>.json`` is what ``kubectl get effectledger <run> -o json`` would print
 (apiVersion, kind, metadata, spec, status), so every ledger command reads either. A run
-that grows past ``page_bytes`` continues in ``<run>.p2.json`` (linked from
-``status.next``), as the cluster store pages long before the API server's size limit.
+that grows past ``page_bytes`` (256 KiB) continues in ``<run>.p2.json`` (linked from
+``status.next``): every write rewrites a whole page, so small pages keep writes cheap, as
+the cluster store pages long before the API server's size limit.
 
 Durability and concurrency, since two gateway processes may share the folder:
 
@@ -22,10 +23,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
+import functools
 import json
 import os
 import secrets
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -38,7 +40,7 @@ from ..api.resources import LedgerSpec, LedgerStatus
 from .entry import Entry, now, stamp
 from .store import Change, EntryExists, EntryMissing, Holder, StoreUnavailable, page_name
 
-PAGE_BYTES = 1 << 20
+PAGE_BYTES = 256 << 10
 LOCKS = ".locks"
 
 
@@ -87,38 +89,189 @@ def write_atomic(path: Path, data: bytes) -> None:
 @dataclass
 class _Page:
     name: str
-    obj: dict[str, Any]
+    obj: dict[str, Any] | None  # None: not held in memory (a full page: read again when needed)
     stat: tuple[int, int, int] | None = None  # (inode, mtime_ns, size) when read or written
     index: dict[str, int] = field(default_factory=dict)
+    # Each entry's JSON text as last written (None: changed since), so a write encodes only
+    # the entries that changed and splices in the others.
+    texts: list[str | None] = field(default_factory=list)
+
+    number: int = 1
+    next: str | None = None
 
     @property
     def entries(self) -> list[dict[str, Any]]:
+        assert self.obj is not None, "load the page first"
         entries: list[dict[str, Any]] = self.obj["status"]["entries"]
         return entries
 
 
+class _Batch:
+    """One locked read-modify-write of a run: its pages as read, and the ones changed."""
+
+    def __init__(self, store: FileStore, run: str) -> None:
+        self.store, self.run = store, run
+        self.chain = store._chain(run)
+        self.dirty: list[_Page] = []
+
+    def _mark(self, page: _Page) -> None:
+        if page not in self.dirty:
+            self.dirty.append(page)
+
+    def _find(self, entry_id: str) -> tuple[_Page, int] | None:
+        for page in self.chain:
+            if entry_id in page.index:
+                return self.store._loaded(page, self.run), page.index[entry_id]
+        return None
+
+    def get(self, entry_id: str) -> Entry | None:
+        found = self._find(entry_id)
+        return None if found is None else self.store._entry(*found)
+
+    def entries(self) -> list[Entry]:
+        pages = [self.store._loaded(p, self.run) for p in self.chain]
+        return [self.store._entry(p, i) for p in pages for i in range(len(p.entries))]
+
+    def create(self, entry: Entry) -> Entry:
+        found = self._find(entry.id)
+        if found is not None:
+            raise EntryExists(self.store._entry(*found))
+        if not self.chain:
+            self.chain.append(self.store._new_page(self.run, 1))
+        last = self.store._loaded(self.chain[-1], self.run)
+        stored = entry.model_copy(update={"seq": sum(len(p.index) for p in self.chain) + 1})
+        if last.stat is not None and last.stat[2] >= self.store.page_bytes and last.entries:
+            follow = self.store._new_page(self.run, len(self.chain) + 1)
+            self.chain.append(follow)
+            assert last.obj is not None
+            last.obj["status"]["next"] = last.next = follow.name
+            self._mark(follow)  # written first: a link never points at a missing page
+            self._mark(last)
+            last = follow
+        self.store._append(last, stored)
+        self._mark(last)
+        return stored
+
+    def update(self, entry_id: str, change: Change) -> Entry:
+        found = self._find(entry_id)
+        if found is None:
+            raise EntryMissing(f"no entry {entry_id} in run {self.run}")
+        page, at = found
+        new = change(self.store._entry(page, at))
+        if new.id != entry_id:
+            raise ValueError("a change may not alter an entry's id")
+        page.entries[at] = new.to_json()
+        page.texts[at] = None
+        self.store._summarize(page)
+        self._mark(page)
+        return new
+
+
+Op = Callable[[_Batch], Any]
+
+
 class FileStore:
-    """Store entries in ``<root>/<run>.json`` (see the module docstring)."""
+    """Store entries in ``<root>/<run>.json`` (see the module docstring).
+
+    Calls that arrive together are batched: the operations queued for a run while a
+    write is under way are applied together in the next locked read-modify-write, with one
+    write (and fsync) per changed page, so many concurrent calls cost a few writes.
+    """
 
     def __init__(self, root: str | os.PathLike[str], *, page_bytes: int = PAGE_BYTES) -> None:
         self.root = Path(root)
         self.page_bytes = page_bytes
         check_writable(self.root)
         self._cache: dict[str, _Page] = {}
+        self._queued: dict[str, list[tuple[Op, asyncio.Future[Any]]]] = {}
+        self._draining: set[str] = set()
 
-    # ---- the Store protocol (async, the work in a thread) ----
+    # ---- the Store protocol (async, batched, the file work in a thread) ----
 
     async def get(self, run: str, entry_id: str) -> Entry | None:
-        return await asyncio.to_thread(self.get_sync, run, entry_id)
+        peeked = self._peek(run, entry_id)
+        if peeked is not None:
+            return peeked[0]
+        result: Entry | None = await self._submit(run, lambda b: b.get(entry_id))
+        return result
 
     async def create(self, run: str, entry: Entry) -> Entry:
-        return await asyncio.to_thread(self.create_sync, run, entry)
+        result: Entry = await self._submit(run, lambda b: b.create(entry))
+        return result
 
     async def update(self, run: str, entry_id: str, change: Change) -> Entry:
-        return await asyncio.to_thread(self.update_sync, run, entry_id, change)
+        result: Entry = await self._submit(run, lambda b: b.update(entry_id, change))
+        return result
 
     async def entries(self, run: str) -> list[Entry]:
-        return await asyncio.to_thread(self.entries_sync, run)
+        result: list[Entry] = await self._submit(run, lambda b: b.entries())
+        return result
+
+    async def _submit(self, run: str, op: Op) -> Any:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Any] = loop.create_future()
+        self._queued.setdefault(run, []).append((op, future))
+        if run not in self._draining:
+            self._draining.add(run)
+            loop.create_task(self._drain(run))
+        return await future
+
+    async def _drain(self, run: str) -> None:
+        try:
+            while self._queued.get(run):
+                batch = self._queued.pop(run)
+                try:
+                    results = await asyncio.to_thread(self._apply, run, [op for op, _ in batch])
+                except Exception as exc:  # the lock or the read failed: every call hears it
+                    results = [(False, exc)] * len(batch)
+                for (_, future), (ok, value) in zip(batch, results, strict=True):
+                    if not future.done():
+                        (future.set_result if ok else future.set_exception)(value)
+        finally:
+            self._draining.discard(run)
+
+    def _apply(self, run: str, ops: list[Op]) -> list[tuple[bool, Any]]:
+        with self._locked(run):
+            batch = _Batch(self, run)
+            results: list[tuple[bool, Any]] = []
+            for op in ops:
+                try:
+                    results.append((True, op(batch)))
+                except Exception as exc:
+                    results.append((False, exc))
+            try:
+                for page in batch.dirty:
+                    self._write(page)
+            except StoreUnavailable as exc:
+                for page in batch.chain:
+                    self._cache.pop(page.name, None)  # the disk is the truth again
+                return [(False, exc)] * len(ops)
+            for page in batch.chain[:-1]:  # full pages: keep their index, not their entries
+                page.obj, page.texts = None, []
+            return results
+
+    def _peek(self, run: str, entry_id: str) -> tuple[Entry | None] | None:
+        """Answer a get from memory when every page of the run is unchanged on disk (a few
+        stat calls, no lock): ``(entry or None,)``, or None to ask the disk."""
+        name: str | None = run
+        while name is not None:
+            page = self._cache.get(name)
+            try:
+                st = (self.root / f"{name}.json").stat()
+            except OSError:
+                return None
+            if page is None or page.stat != (st.st_ino, st.st_mtime_ns, st.st_size):
+                return None
+            if entry_id in page.index:
+                return (self._entry(page, page.index[entry_id]),) if page.obj is not None else None
+            name = page.next
+        return (None,)
+
+    def _one(self, run: str, op: Op) -> Any:
+        [(ok, value)] = self._apply(run, [op])
+        if not ok:
+            raise value
+        return value
 
     # ---- the same, synchronous (the CLI uses these) ----
 
@@ -126,49 +279,20 @@ class FileStore:
         return self.root / f"{page_name(run, page)}.json"
 
     def get_sync(self, run: str, entry_id: str) -> Entry | None:
-        with self._locked(run):
-            for page in self._chain(run):
-                if entry_id in page.index:
-                    return self._entry(page, page.index[entry_id])
-        return None
+        result: Entry | None = self._one(run, lambda b: b.get(entry_id))
+        return result
 
     def entries_sync(self, run: str) -> list[Entry]:
-        with self._locked(run):
-            return [self._entry(p, i) for p in self._chain(run) for i in range(len(p.entries))]
+        result: list[Entry] = self._one(run, lambda b: b.entries())
+        return result
 
     def create_sync(self, run: str, entry: Entry) -> Entry:
-        with self._locked(run):
-            chain = self._chain(run)
-            for page in chain:
-                if entry.id in page.index:
-                    raise EntryExists(self._entry(page, page.index[entry.id]))
-            last = chain[-1] if chain else self._new_page(run, 1)
-            seq = sum(len(p.entries) for p in chain) + 1
-            stored = entry.model_copy(update={"seq": seq})
-            if chain and last.stat is not None and last.stat[2] >= self.page_bytes:
-                follow = self._new_page(run, len(chain) + 1)
-                self._append(follow, stored)
-                self._write(follow)
-                last.obj["status"]["next"] = follow.name
-                self._write(last)
-            else:
-                self._append(last, stored)
-                self._write(last)
-            return stored
+        result: Entry = self._one(run, lambda b: b.create(entry))
+        return result
 
     def update_sync(self, run: str, entry_id: str, change: Change) -> Entry:
-        with self._locked(run):
-            for page in self._chain(run):
-                if entry_id in page.index:
-                    at = page.index[entry_id]
-                    new = change(self._entry(page, at))
-                    if new.id != entry_id:
-                        raise ValueError("a change may not alter an entry's id")
-                    page.entries[at] = new.to_json()
-                    self._summarize(page)
-                    self._write(page)
-                    return new
-        raise EntryMissing(f"no entry {entry_id} in run {run}")
+        result: Entry = self._one(run, lambda b: b.update(entry_id, change))
+        return result
 
     # ---- pages ----
 
@@ -193,8 +317,20 @@ class FileStore:
             if page is None:
                 break
             pages.append(page)
-            name = page.obj["status"].get("next")
+            name = page.next
         return pages
+
+    def _loaded(self, page: _Page, run: str) -> _Page:
+        """The page with its entries in memory (read again if only its index was kept)."""
+        if page.obj is not None:
+            return page
+        self._cache.pop(page.name, None)
+        fresh = self._read(page.name, run, page.number)
+        if fresh is None or fresh.obj is None:
+            raise StoreUnavailable(f"the ledger page {page.name} disappeared")
+        page.obj, page.texts, page.index, page.stat = fresh.obj, fresh.texts, fresh.index, fresh.stat
+        self._cache[page.name] = page
+        return page
 
     def _read(self, name: str, run: str, number: int) -> _Page | None:
         path = self.root / f"{name}.json"
@@ -212,8 +348,10 @@ class FileStore:
                                    "is missing") from None
         except (OSError, ValueError) as exc:
             raise StoreUnavailable(f"cannot read the ledger {path}: {exc}") from None
-        page = _Page(name, self._checked(path, data, run, number), sig)
+        obj = self._checked(path, data, run, number)
+        page = _Page(name, obj, sig, number=number, next=obj["status"].get("next"))
         page.index = {e["id"]: i for i, e in enumerate(page.entries)}
+        page.texts = [None] * len(page.entries)
         self._cache[name] = page
         return page
 
@@ -246,15 +384,17 @@ class FileStore:
                             "generation": 1, "resourceVersion": "0"},
                "spec": {"run": run, "page": number},
                "status": {"entries": [], "entryCount": 0}}
-        return _Page(name, obj)
+        return _Page(name, obj, number=number)
 
     def _append(self, page: _Page, entry: Entry) -> None:
         page.index[entry.id] = len(page.entries)
         page.entries.append(entry.to_json())
+        page.texts.append(None)
         self._summarize(page)
 
     @staticmethod
     def _summarize(page: _Page) -> None:
+        assert page.obj is not None
         status = page.obj["status"]
         status["entryCount"] = len(page.entries)
         status["lastState"] = page.entries[-1]["state"] if page.entries else None
@@ -264,9 +404,10 @@ class FileStore:
         return Entry.model_validate(page.entries[at])
 
     def _write(self, page: _Page) -> None:
+        assert page.obj is not None
         meta = page.obj["metadata"]
         meta["resourceVersion"] = str(int(meta.get("resourceVersion", "0")) + 1)
-        data = (json.dumps(page.obj, indent=1, ensure_ascii=False) + "\n").encode("utf-8")
+        data = _encode(page).encode("utf-8")
         path = self.root / f"{page.name}.json"
         try:
             write_atomic(path, data)
@@ -276,6 +417,22 @@ class FileStore:
             raise StoreUnavailable(f"cannot write the ledger {path}: {exc.strerror or exc}") from None
         page.stat = (st.st_ino, st.st_mtime_ns, st.st_size)
         self._cache[page.name] = page
+
+
+_SPLICE = "\0entries\0"
+
+
+def _encode(page: _Page) -> str:
+    """The page as compact JSON (json's C encoder; indenting is ten times slower), with
+    unchanged entries spliced in from their last text instead of encoded again."""
+    dump = functools.partial(json.dumps, ensure_ascii=False, separators=(",", ":"))
+    for i, text in enumerate(page.texts):
+        if text is None:
+            page.texts[i] = dump(page.entries[i])
+    assert page.obj is not None
+    status = {**page.obj["status"], "entries": _SPLICE}
+    head = dump({**page.obj, "status": status})
+    return head.replace(dump(_SPLICE), "[" + ",".join(t or "" for t in page.texts) + "]", 1) + "\n"
 
 
 class FileLocks:
