@@ -5,8 +5,8 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
-from datetime import UTC, datetime, timedelta
 from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import httpx2

@@ -62,7 +62,7 @@ def _wait(port: int, proc: subprocess.Popen[bytes], seconds: float = 30) -> None
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise SystemExit(f"{proc.args} exited with {proc.returncode}")
+            raise SystemExit(f"{proc.args!r} exited with {proc.returncode}")
         with socket.socket() as s:
             if s.connect_ex(("127.0.0.1", port)) == 0:
                 return
@@ -185,7 +185,8 @@ def main(argv: list[str] | None = None) -> int:
             direct_url = f"http://127.0.0.1:{up_port}/call/bench.echo"
             load(direct_url, args.rate, 1, args.workers)  # warm up
             direct = load(direct_url, args.rate, args.seconds, args.workers)
-            rows = [("upstream directly", direct, None)]
+            rows: list[tuple[str, Load, tuple[Load, int, int] | None]] = [
+                ("upstream directly", direct, None)]
             for label, store in (("gateway, ledger in memory", ["--benchmark-memory-store"]),
                                  ("gateway, file ledger", ["--ledger-dir", str(Path(tmp) / "ledger")])):
                 port, proc = gateway(*store)

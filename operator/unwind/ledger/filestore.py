@@ -185,6 +185,7 @@ class FileStore:
         self._cache: dict[str, _Page] = {}
         self._queued: dict[str, list[tuple[Op, asyncio.Future[Any]]]] = {}
         self._draining: set[str] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
 
     # ---- the Store protocol (async, batched, the file work in a thread) ----
 
@@ -213,7 +214,9 @@ class FileStore:
         self._queued.setdefault(run, []).append((op, future))
         if run not in self._draining:
             self._draining.add(run)
-            loop.create_task(self._drain(run))
+            task = loop.create_task(self._drain(run))
+            self._tasks.add(task)  # held until done: the loop keeps only weak references
+            task.add_done_callback(self._tasks.discard)
         return await future
 
     async def _drain(self, run: str) -> None:
