@@ -8,7 +8,8 @@ call through the gateway: with the ledger in memory (ledger writes excluded) and
 file store (every call written ahead and finished, fsync'ed). The added latency is the
 gateway's p50/p99 minus the direct ones. Peak throughput is an unpaced run through the
 gateway. The gateway's RSS is read from /proc after the load (peak and current), and the
-RSS of importing what the gateway imports, alone.
+RSS of importing what the gateway imports, alone. Last, one call at a time in-process
+(no HTTP server, no load generator): what the enforcement path itself costs per call.
 
 The load comes from ``hey`` when it is installed (Go, so the client costs the machine
 little), else from an in-process paced client.
@@ -21,6 +22,7 @@ import asyncio
 import csv
 import io
 import json
+import logging
 import os
 import shutil
 import socket
@@ -29,6 +31,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -136,6 +139,49 @@ def _paced(url: str, rate: int, seconds: float, workers: int) -> Load:
     return asyncio.run(drive())
 
 
+def _in_process(up_port: int, manifest: Path, ledger: Path, calls: int = 500) -> list[tuple[str, float]]:
+    """Median ms per call, one at a time in this process: the upstream call alone, and the
+    whole enforcement path around it with each store (no HTTP server in front)."""
+    from ..ledger.filestore import FileLocks, FileStore
+    from ..ledger.memory import MemoryLocks, MemoryStore
+    from ..ledger.ulid import new_ulid
+    from .catalogue import LocalCatalogue
+    from .enforce import CallRequest, Gateway, Settings
+    from .secrets import LocalSecrets
+    from .upstream import Upstream, prepare
+
+    logging.getLogger("unwind.gateway").setLevel(logging.ERROR)  # no line per call
+
+    async def measure() -> list[tuple[str, float]]:
+        catalogue = LocalCatalogue([manifest])
+        settings = Settings(scopes=frozenset({"bench:write"}), actor="bench")
+        upstream = Upstream()
+        m = catalogue.get("bench.echo")
+        assert m is not None
+        prepared = prepare(m.manifest, {"text": "hello", "n": 1}, LocalSecrets(), {})
+
+        async def timed(one: Callable[[], Awaitable[object]]) -> float:
+            for _ in range(50):
+                await one()
+            samples = []
+            for _ in range(calls):
+                t0 = time.perf_counter()
+                await one()
+                samples.append((time.perf_counter() - t0) * 1000)
+            return statistics.median(samples)
+
+        rows = [("upstream call alone", await timed(lambda: upstream.send(prepared)))]
+        for label, store, locks in (("enforce + memory ledger", MemoryStore(), MemoryLocks()),
+                                    ("enforce + file ledger", FileStore(ledger), FileLocks(ledger))):
+            gw = Gateway(catalogue, store, locks, upstream, LocalSecrets(), settings)
+            rows.append((label, await timed(lambda gw=gw: gw.call(CallRequest(  # type: ignore[misc]
+                "bench.echo", {"text": "hello", "n": 1}, "bench-in-process", new_ulid())))))
+        await upstream.aclose()
+        return rows
+
+    return asyncio.run(measure())
+
+
 def _import_rss_mb() -> float:
     code = ("import resource, unwind.gateway.app, unwind.cli.gateway_cmds, uvicorn; "
             "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)")
@@ -197,6 +243,9 @@ def main(argv: list[str] | None = None) -> int:
                 rss, hwm = _rss_kb(proc.pid)
                 rows.append((label, paced, (peak, rss, hwm)))
             _print(args, direct, rows, bool(use_hey))
+            print("in-process, one call at a time (median ms per call):")
+            for label, ms in _in_process(up_port, manifest, Path(tmp) / "ledger-in-process"):
+                print(f"  {label:28} {ms:6.3f}")
         finally:
             for proc in procs:
                 proc.terminate()
