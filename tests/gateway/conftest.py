@@ -105,7 +105,7 @@ def manifests(upstream: UpstreamProc, tmp_path_factory: pytest.TempPathFactory) 
     out = tmp_path_factory.mktemp("manifests")
     for src in [*sorted((ROOT / "manifests").glob("*.yaml")), HERE / "extra.yaml"]:
         text = src.read_text().replace("http://127.0.0.1:8788", upstream.url)
-        text = text.replace("timeout_ms: 10s", "timeout_ms: 1s").replace("timeout_ms: 30s", "timeout_ms: 1s")
+        text = text.replace("timeout_ms: 10s", "timeout_ms: 2s").replace("timeout_ms: 30s", "timeout_ms: 2s")
         (out / src.name).write_text(text)
     return out
 

@@ -8,6 +8,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import httpx2
 import pytest
@@ -44,6 +45,14 @@ def test_twenty_concurrent_calls_with_one_key_through_two_gateways_call_the_upst
     assert len(entries) == 20
     assert sorted(e["seq"] for e in entries) == list(range(1, 21))
     assert [e["state"] for e in entries].count("succeeded") == 1
+
+
+def wait_past(entry: dict[str, Any], timeout_s: float) -> None:
+    """Sleep until the entry's approval timeout has passed (a CLI start can take a second
+    on a busy machine, so the timeouts are a few seconds and the wait is measured)."""
+    requested = datetime.fromisoformat(entry["times"]["requested"])
+    deadline = requested + timedelta(seconds=timeout_s + 0.2)
+    time.sleep(max(0.0, (deadline - datetime.now(UTC)).total_seconds()))
 
 
 def ledger_file(gateway: GatewayProc, run: str) -> str:
@@ -89,10 +98,10 @@ def test_a_call_needing_two_approvals_runs_once_after_two_users_of_the_group_app
 def test_an_approval_that_times_out_is_denied_and_one_deny_is_final(
         gateway: GatewayProc, upstream: UpstreamProc, run_name: str) -> None:
     assert gateway.call("test.approve_or_deny", {"title": "a"}, run=run_name, key="t1").status_code == 428
-    time.sleep(1.2)
+    wait_past(gateway.entries(run_name)[0], 3)
     late = gateway.call("test.approve_or_deny", {"title": "a"}, run=run_name, key="t1")
     assert late.status_code == 403 and late.json()["error"]["code"] == "denied"
-    assert "timed out after 1s" in late.json()["error"]["message"]
+    assert "timed out after 3s" in late.json()["error"]["message"]
     assert gateway.call("test.approve_or_deny", {"title": "b"}, run=run_name, key="t2").status_code == 428
     no = unwind("deny", "--ledger", ledger_file(gateway, run_name), "--entry", "t2", "--by", "olga",
                 "--group", "ops", "--reason", "not today")
@@ -109,8 +118,7 @@ def test_after_the_timeout_the_escalation_group_can_approve(
     early = unwind("approve", "--ledger", ledger_file(gateway, run_name), "--entry", "e1",
                    "--by", "carol", "--group", "cfo")
     assert "holds none of groups ops" in early.stderr
-    requested = datetime.fromisoformat(gateway.entries(run_name)[0]["times"]["requested"])
-    time.sleep(max(0.0, (requested + timedelta(seconds=4.2) - datetime.now(UTC)).total_seconds()))
+    wait_past(gateway.entries(run_name)[0], 4)
     late = unwind("approve", "--ledger", ledger_file(gateway, run_name), "--entry", "e1",
                   "--by", "dave", "--group", "cfo")
     assert "approved by dave" in late.stdout, late.stdout + late.stderr
