@@ -261,3 +261,15 @@ def test_invalid_manifests_leave_the_gateway_unready_and_every_call_refused(
     finally:
         stop(gw.proc)
     assert "catalogue refused" in gw.log.read_text()
+
+
+def test_only_read_only_and_idempotent_tools_are_retried(
+        gateway: GatewayProc, upstream: UpstreamProc, run_name: str) -> None:
+    upstream.behave("charges.get", "fail", status=503)
+    read = gateway.call("stripe.get_charge", {"charge_id": "ch_x"}, run=run_name)
+    assert read.status_code == 502 and "after 3 attempts" in error(read)["message"]
+    assert upstream.count("charges.get") == 3  # retry: {attempts: 3}
+    upstream.behave("comments.create", "fail", status=503)
+    once = gateway.call("github.create_comment", COMMENT, run=run_name)
+    assert once.status_code == 502 and upstream.count("comments.create") == 1
+    assert [e["state"] for e in gateway.entries(run_name)] == ["failed", "uncertain"]
