@@ -2,16 +2,18 @@
 
 The CRDs in ``crds/`` are generated from these models (``unwind crds``). ToolManifest's
 spec is exactly the tool manifest model; its status is what the operator reports. The
-EffectLedger and Approval specs are minimal here and grow with the gateway and rollback.
+EffectLedger holds one run's entries in its status (ledger.entry.Entry); a ledger file in
+local mode holds exactly the object the API server would.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from ..ledger.entry import Entry
 from ..manifest.model import ToolManifest
 from .conditions import Condition
 
@@ -61,14 +63,31 @@ class ToolManifestStatus(_Status):
     conditions: list[Condition] = Field(default_factory=list, description="Valid, Approved, Signed, Published, Ready.")
 
 
+class LedgerRollback(_Status):
+    """A request to undo this run's effects (filled in by whoever asks; see the rollback docs)."""
+
+    requested: bool = Field(False, description="True asks for the run's effects to be undone.")
+    reason: str | None = Field(None, max_length=1024, description="Why, for the record.")
+    since: str | None = Field(None, description="Undo only entries requested at or after this time (RFC 3339).")
+    entries: list[str] = Field(default_factory=list, description="Undo only these entry ids (empty: all).")
+
+
 class LedgerSpec(_Status):
-    """One agent run's record of effects (filled in by the gateway)."""
+    """One agent run's ledger page. The entries live in the status, written by the gateway."""
 
     run: str = Field(description="The run this ledger records (the X-Unwind-Run header).")
-    entries: list[dict[str, Any]] = Field(default_factory=list, description="Effect entries, oldest first.")
+    page: int = Field(1, ge=1, description="1 for the run's first page; a continuation page counts on.")
+    rollback: LedgerRollback | None = Field(None, description="A rollback request for the run.")
 
 
 class LedgerStatus(_Status):
+    """The entries, oldest first. A page that grows past about 1 MiB continues in the page
+    named by ``next`` (``<run>.p<N>``), long before the API server's object size limit."""
+
+    entries: list[Entry] = Field(default_factory=list, description="Ledger entries of this page, by seq.")
+    next: str | None = Field(None, description="The name of the continuation page, when there is one.")
+    entryCount: int = Field(0, description="Entries on this page (a printer column).")
+    lastState: str | None = Field(None, description="The state of the latest entry (a printer column).")
     observedGeneration: int | None = None
     conditions: list[Condition] = Field(default_factory=list)
 
@@ -142,7 +161,8 @@ KINDS: tuple[Kind, ...] = (
          open_spec=True),
     Kind("EffectLedger", "effectledgers", ("ledger",), LedgerSpec, LedgerStatus,
          "The record of one agent run's effects, written before and after each call.",
-         (Column("Run", ".spec.run"), Column("Ready", READY),
+         (Column("Run", ".spec.run"), Column("Entries", ".status.entryCount", "integer"),
+          Column("Last State", ".status.lastState"), Column("Page", ".spec.page", "integer", 1),
           Column("Age", ".metadata.creationTimestamp", "date"))),
     Kind("Approval", "approvals", (), ApprovalSpec, ApprovalStatus,
          "A recorded approve or deny decision on a manifest version or a ledger entry.",

@@ -55,6 +55,7 @@ PLUGIN_COMMANDS = ("approve", "deny", "history", "diff", "status")
 _MODULE_COMMANDS = {"keygen": ("registry_cmds",), "manifests": ("registry_cmds", "edit_cmds"),
                     "operator": ("cluster_cmds",), "dev": ("cluster_cmds",),
                     "rotate-signing-key": ("cluster_cmds",),
+                    "gateway": ("gateway_cmds",),
                     **{c: ("plugin_cmds",) for c in PLUGIN_COMMANDS}}
 
 
@@ -78,6 +79,8 @@ def _register_optional(sub: argparse._SubParsersAction[argparse.ArgumentParser],
         modules["cluster_cmds"].register(sub)
     if "plugin_cmds" in modules:
         modules["plugin_cmds"].register(sub)
+    if "gateway_cmds" in modules:
+        modules["gateway_cmds"].register(sub)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

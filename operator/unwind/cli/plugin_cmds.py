@@ -128,6 +128,17 @@ def _result(created: dict[str, Any], target: dict[str, Any],
 
 @_guarded()
 def cmd_decide(args: argparse.Namespace) -> int:
+    if args.ledger:  # the local form: a ledger file, no cluster
+        if args.target:
+            raise UsageError(f"--ledger decides on a ledger file's entry: drop {args.target}")
+        from .gateway_cmds import cmd_local_decide
+
+        return cmd_local_decide(args)
+    if args.by or args.group or args.deny:
+        raise UsageError("--by, --group and --deny are for local ledgers (--ledger FILE); in a "
+                         "cluster your identity comes from your credentials")
+    if not args.target:
+        raise UsageError("say what to decide: tm/NAME or ledger/NAME (or --ledger FILE)")
     decision = args.command
     target = view.parse_target(args.target)
     if target.kind == "ToolManifest" and args.entry:
@@ -332,12 +343,19 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                       ("deny", "deny the current version of a ToolManifest, or a ledger entry (final)")):
         p = sub.add_parser(verb, help=doc, description=doc + ". Your identity comes from your "
                            "credentials: the admission webhook records it.")
-        p.add_argument("target", metavar="TARGET", help="tm/NAME or ledger/NAME")
+        p.add_argument("target", metavar="TARGET", nargs="?", help="tm/NAME or ledger/NAME")
         p.add_argument("--entry", metavar="ID", help="the ledger entry to decide (ledger targets)")
         p.add_argument("--reason", metavar="TEXT", help="why, for whoever reads the record later")
         p.add_argument("--wait", action="store_true", help="wait until the Approved condition "
                        "reflects the decision, and print it")
         p.add_argument("--timeout", default="60s", help="how long --wait waits (default 60s)")
+        local = p.add_argument_group("local ledgers (no cluster)")
+        local.add_argument("--ledger", metavar="FILE", help="decide on an entry of this local "
+                           "ledger file (<ledger-dir>/<run>.json) instead of a cluster object")
+        local.add_argument("--by", metavar="NAME", help="who decides (self-declared)")
+        local.add_argument("--group", action="append", metavar="G", help="a group the approver "
+                           "holds (repeatable)")
+        local.add_argument("--deny", action="store_true", help="deny instead of approve")
         _common(p)
         p.set_defaults(func=cmd_decide)
 

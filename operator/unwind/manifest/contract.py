@@ -32,24 +32,24 @@ Decisions where tool-manifests.txt is silent (each case runs in its own simulate
 from __future__ import annotations
 
 import difflib
-import json
 import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
+from ..ledger.undo import Plan, first_mismatch, plan_call, same
+from ..ledger.undo import show as _show
 from ..workspace.walk import expand
 from .issues import Issue, issues_from_validation_error
 from .keys import KeyRenderError, render_key
 from .loader import SUFFIXES, Skip, Sourced, documents, duplicate_keys, load_text
-from .model import Effect, Lifecycle, ToolManifest
-from .refs import RefSyntaxError, parse_ref, resolve_map
+from .model import Lifecycle, ToolManifest
+from .refs import RefSyntaxError, resolve_map
 
-Plan = Literal["compensate", "skip", "unrecoverable"]
 _EXPECTATIONS = ("expect_plan", "expect_handle", "expect_verification", "verify_with",
                  "expect_verified", "expect_duplicate")
 
@@ -243,19 +243,6 @@ class Report:
         return self.failed == 0
 
 
-def plan_call(m: ToolManifest, args: Any, result: Any,
-              key: str | None = None) -> tuple[Plan, dict[str, Any] | None, str | None]:
-    """(plan, undo arguments for a compensate plan, why there is nothing to undo)."""
-    if m.effect in (Effect.read_only, Effect.idempotent):
-        return "skip", None, f"{m.tool} is {m.effect}: a rollback skips it"
-    if m.effect == Effect.irreversible or m.compensation is None:
-        return "unrecoverable", None, f"{m.tool} is {m.effect}: nothing can undo it"
-    handle, missing = resolve_map(m.compensation.argument_map, args, result, key)
-    if missing:
-        return "unrecoverable", None, "the undo is unavailable: " + "; ".join(missing)
-    return "compensate", handle, None
-
-
 @dataclass
 class _Run:
     """The simulated run: which tools succeeded and which idempotency keys still stand."""
@@ -382,39 +369,6 @@ def differences(got: Any, want: Any) -> str:
     parts += [f"{k} is {_show(got[k])}, expected {_show(want[k])}" for k in sorted(want)
               if k in got and not same(got[k], want[k])]
     return ", ".join(parts)
-
-
-def first_mismatch(expect: Mapping[str, Any], answer: Any) -> str | None:
-    """The first ``expect`` entry the answer does not match, as a sentence, or None."""
-    for path, want in expect.items():
-        current: Any = answer
-        for seg in parse_ref("$result." + path).path:
-            if isinstance(seg, int) and isinstance(current, list) and seg < len(current):
-                current = current[seg]
-            elif isinstance(current, dict) and str(seg) in current:
-                current = current[str(seg)]
-            else:
-                return f"the answer has no {path}, expected {_show(want)}"
-        if not same(current, want):
-            return f"{path} is {_show(current)}, expected {_show(want)}"
-    return None
-
-
-def same(a: Any, b: Any) -> bool:
-    """Deep JSON equality: a bool never equals a number, 1 equals 1.0."""
-    if isinstance(a, bool) or isinstance(b, bool):
-        return isinstance(a, bool) and isinstance(b, bool) and a == b
-    if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
-    if isinstance(a, list) and isinstance(b, list):
-        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b, strict=True))
-    if isinstance(a, int | float) and isinstance(b, int | float):
-        return a == b
-    return type(a) is type(b) and bool(a == b)
-
-
-def _show(value: Any) -> str:
-    return json.dumps(value, sort_keys=True, default=str)
 
 
 def run_cases(cases: Iterable[TestCase], manifests: Sequence[ToolManifest]) -> Report:

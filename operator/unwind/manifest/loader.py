@@ -433,20 +433,23 @@ def _entry(node: yaml.Node, key: str) -> tuple[yaml.Node | None, yaml.Node | Non
     return found
 
 
-def check(loaded: LoadResult) -> CheckResult:
+def check(loaded: LoadResult, one_set: bool = False) -> CheckResult:
     """Validate every manifest read, then each set (the bare manifests; the resources of
     each namespace); each issue gets its file and line, and the issues are sorted by file
-    and line."""
+    and line. ``one_set``: everything read is one set whatever its namespace (a local
+    gateway serves what it is given as one catalogue, as a pod's gateway serves one
+    namespace's bundle)."""
     issues = list(loaded.errors)
     groups: dict[str | None, list[tuple[ToolManifest, Sourced]]] = {}
     invalid: dict[str | None, set[str]] = {}
     for item in loaded.items:
         manifest, found = validate_manifest(item.data)
         issues.extend(i.located(item.file, item.line_of(i.path)) for i in found)
+        group = None if one_set else item.namespace
         if manifest is not None:
-            groups.setdefault(item.namespace, []).append((manifest, item))
+            groups.setdefault(group, []).append((manifest, item))
         elif isinstance(item.data.get("tool"), str):
-            invalid.setdefault(item.namespace, set()).add(item.data["tool"])
+            invalid.setdefault(group, set()).add(item.data["tool"])
     manifests: list[ToolManifest] = []
     sources: list[Sourced] = []
     for namespace, members in groups.items():
@@ -473,8 +476,8 @@ def _invalid_reference(issue: Issue, invalid: set[str]) -> Issue:
 
 
 def check_paths(paths: Sequence[str | os.PathLike[str]],
-                namespace: str = DEFAULT_NAMESPACE) -> CheckResult:
-    return check(load_paths(paths, namespace))
+                namespace: str = DEFAULT_NAMESPACE, one_set: bool = False) -> CheckResult:
+    return check(load_paths(paths, namespace), one_set)
 
 
 def check_texts(files: Mapping[str, str]) -> list[Issue]:

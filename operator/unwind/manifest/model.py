@@ -158,9 +158,17 @@ class Retry(Strict):
     max_ms: Duration = 5000
 
 
+class Carrier(Strict):
+    """Where the gateway puts the idempotency key in the upstream call: one of the two."""
+
+    header: str | None = Field(None, description="An HTTP header of the upstream request, e.g. Idempotency-Key.")
+    argument: str | None = Field(None, description="A call argument (body or query) the upstream reads the key from.")
+
+
 class Idempotency(Strict):
     key: str = Field(description="Template over call arguments with at least one {{args.field}}.")
     scope: Literal["run", "actor", "global"] = "run"
+    carrier: Carrier | None = Field(None, description="Where the rendered key is sent upstream; without it, nothing is sent.")
 
 
 class Audit(Strict):

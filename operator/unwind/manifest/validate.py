@@ -29,6 +29,8 @@ Rule = Callable[[ToolManifest], Iterator[Finding]]
 _TOOL_NAME = re.compile(TOOL_NAME_PATTERN)
 _PLACEHOLDER = re.compile(r"\{\{\s*([^}]*?)\s*\}\}")
 _ARGS_PLACEHOLDER = re.compile(r"args\.[A-Za-z0-9_\-]+(\.[A-Za-z0-9_\-]+)*")  # fullmatch
+_HEADER_NAME = re.compile(r"[A-Za-z0-9-]{1,64}")  # fullmatch
+_ARGUMENT_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # fullmatch
 _ROOT_WORDS = {"args": "$args", "result": "$result", "key": "$key", "const": "a {const: ...} literal"}
 
 
@@ -206,6 +208,21 @@ def idempotency_key_uses_arguments(m: ToolManifest) -> Iterator[Finding]:
                                   "different calls get different keys")
 
 
+def idempotency_carrier_names_one_place(m: ToolManifest) -> Iterator[Finding]:
+    """A carrier is exactly one header (an HTTP token) or one argument (a plain name)."""
+    carrier = m.idempotency.carrier if m.idempotency else None
+    if carrier is None:
+        return
+    if (carrier.header is None) == (carrier.argument is None):
+        yield "idempotency.carrier", "give exactly one of header or argument"
+    elif carrier.header is not None and not _HEADER_NAME.fullmatch(carrier.header):
+        yield "idempotency.carrier.header", (f"{carrier.header!r} is not an HTTP header name: "
+                                             "use letters, digits and '-'")
+    elif carrier.argument is not None and not _ARGUMENT_NAME.fullmatch(carrier.argument):
+        yield "idempotency.carrier.argument", (f"{carrier.argument!r} is not an argument name: "
+                                               "use letters, digits, '_' and '-'")
+
+
 def lookup_by_key_needs_idempotency(m: ToolManifest) -> Iterator[Finding]:
     if m.lookup and m.lookup.by == "idempotency_key" and m.idempotency is None:
         yield "lookup.by", ("a lookup by idempotency_key needs an idempotency declaration: add "
@@ -242,6 +259,7 @@ MANIFEST_RULES: tuple[Rule, ...] = (
     verification_expects_something,
     approval_rules_are_consistent,
     idempotency_key_uses_arguments,
+    idempotency_carrier_names_one_place,
     lookup_by_key_needs_idempotency,
     replaced_by_only_when_deprecated,
     upstream_has_one_target,

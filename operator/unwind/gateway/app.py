@@ -1,0 +1,67 @@
+"""The ASGI app: the REST routes, ``/mcp``, and the lifespan that starts and stops them."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+from mcp.server.streamable_http_manager import StreamableHTTPASGIApp, StreamableHTTPSessionManager
+from mcp.server.transport_security import TransportSecuritySettings
+from starlette.applications import Starlette
+from starlette.routing import Mount
+
+from . import rest
+from .enforce import Gateway
+from .mcp_server import build_server
+
+log = logging.getLogger("unwind.gateway")
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+def build_app(gateway: Gateway, *, default_run: str | None = None,
+              host: str = "127.0.0.1") -> Starlette:
+    server = build_server(gateway, default_run)
+    security = None
+    if host in LOOPBACK:  # a page in a browser must not reach a loopback gateway (DNS rebinding)
+        security = TransportSecuritySettings(
+            enable_dns_rebinding_protection=True,
+            allowed_hosts=["127.0.0.1:*", "localhost:*", "[::1]:*"],
+            allowed_origins=["http://127.0.0.1:*", "http://localhost:*", "http://[::1]:*"])
+    sessions = StreamableHTTPSessionManager(app=server, stateless=True, json_response=True,
+                                            security_settings=security,
+                                            max_request_body_size=rest.MAX_BODY)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: Any) -> AsyncIterator[None]:
+        await learn_schemas(gateway)
+        c = gateway.catalogue
+        gateway.metrics.serving(c.generation, c.ready)
+        if not c.ready:
+            log.error("not ready: %s", c.problem)
+        async with sessions.run():
+            try:
+                yield
+            finally:
+                await gateway.upstream.aclose()
+
+    return Starlette(routes=[*rest.routes(gateway, default_run),
+                             Mount("/mcp", app=StreamableHTTPASGIApp(sessions))],
+                     lifespan=lifespan)
+
+
+async def learn_schemas(gateway: Gateway) -> None:
+    """Ask each MCP upstream for its tools' input schemas (schema drift, tools/list). An
+    upstream that does not answer leaves its schemas unknown: nothing to compare, logged."""
+    urls = {s.manifest.upstream.mcp.url for s in gateway.catalogue.tools()
+            if s.manifest.upstream is not None and s.manifest.upstream.mcp is not None}
+    for url in sorted(urls):
+        try:
+            schemas = await gateway.upstream.list_mcp_schemas(url)
+        except Exception as exc:
+            log.warning("cannot list the tools of MCP upstream %s: %s; schema drift is not "
+                        "checked for its tools", url, str(exc).splitlines()[0] if str(exc) else exc)
+            continue
+        for name, schema in schemas.items():
+            gateway.upstream.schemas[(url, name)] = schema

@@ -1,0 +1,102 @@
+"""Where the enforced manifests come from.
+
+A ``Catalogue`` gives the manifests by tool and a label for what is loaded (its
+generation), and says whether it is ready. ``LocalCatalogue`` reads plain manifest files
+(local mode). A pod's catalogue reads the signed namespace bundle from mounted ConfigMaps
+and verifies it; it plugs in here without touching enforcement.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from ..manifest.canonical import checksum
+from ..manifest.loader import check_paths
+from ..manifest.model import ToolManifest
+
+log = logging.getLogger("unwind.gateway")
+
+
+@dataclass(frozen=True)
+class Served:
+    """One manifest as enforced: the model, its checksum and its version."""
+
+    manifest: ToolManifest
+    checksum: str
+    version: int
+
+
+class Catalogue(Protocol):
+    @property
+    def ready(self) -> bool: ...
+
+    @property
+    def problem(self) -> str | None:
+        """Why the catalogue is not ready (or what its last reload refused)."""
+        ...
+
+    @property
+    def generation(self) -> str: ...
+
+    def get(self, tool: str) -> Served | None: ...
+
+    def tools(self) -> list[Served]: ...
+
+
+class LocalCatalogue:
+    """Plain manifest files, validated as a set, unsigned. A set with any error is not
+    served at all (a partial set could drop the undo tool another manifest names)."""
+
+    def __init__(self, paths: Sequence[str | os.PathLike[str]]) -> None:
+        self.paths = [str(p) for p in paths]
+        self._by_tool: dict[str, Served] = {}
+        self._problem: str | None = None
+        self._generation = "none"
+        self.load()
+
+    def load(self) -> None:
+        result = check_paths(self.paths, one_set=True)
+        where = ", ".join(self.paths)
+        if not result.ok:
+            self._by_tool, self._generation = {}, "none"
+            first = "; ".join(str(i) for i in result.issues[:3])
+            more = f" (and {len(result.issues) - 3} more)" if len(result.issues) > 3 else ""
+            self._problem = f"the manifests in {where} are not valid: {first}{more}"
+            log.error("catalogue refused: %s", self._problem)
+            return
+        if not result.manifests:
+            self._by_tool, self._generation = {}, "none"
+            self._problem = f"no manifests found in {where}"
+            log.error("catalogue refused: %s", self._problem)
+            return
+        self._by_tool = {m.tool: Served(m, checksum(m), m.version) for m in result.manifests}
+        digest = hashlib.sha256("".join(sorted(s.checksum for s in self._by_tool.values()))
+                                .encode()).hexdigest()[:12]
+        self._generation = f"local-{digest}"
+        self._problem = None
+        log.warning("serving %d manifests from %s UNSIGNED (local mode): no signature is "
+                    "verified; a pod's gateway serves only the signed bundle",
+                    len(self._by_tool), where)
+
+    @property
+    def ready(self) -> bool:
+        return self._problem is None
+
+    @property
+    def problem(self) -> str | None:
+        return self._problem
+
+    @property
+    def generation(self) -> str:
+        return self._generation
+
+    def get(self, tool: str) -> Served | None:
+        return self._by_tool.get(tool)
+
+    def tools(self) -> list[Served]:
+        return sorted(self._by_tool.values(), key=lambda s: s.manifest.tool)

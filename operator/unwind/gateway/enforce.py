@@ -1,0 +1,559 @@
+"""The one enforcement path, shared by REST and MCP.
+
+In order, as docs/gateway.md lists them: the tool is served and enforceable; the stage
+form exists (for ``stage``); the permission is in scope; every ``requires`` tool succeeded
+earlier in the run; the upstream's input schema has not drifted; the idempotency key
+renders; the Idempotency-Key is free (or names a failed, refused, or now approved entry);
+no standing call holds the rendered key; approval; then write-ahead (the ``pending`` entry
+is stored before the upstream sees anything), the call, and the outcome.
+
+A refusal is recorded as a ``refused`` entry with its code, except the answers that an
+entry already records (a repeat of an awaiting or denied call) and dry runs, which write
+nothing. Where a call's key lock is held, it is released when the call fails, so the key
+is free again; a call whose outcome is unknown keeps it (the safe side).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any, Literal, TypeVar
+
+from ..ledger import decide
+from ..ledger.approvals import ApprovalRules
+from ..ledger.entry import (
+    REUSABLE,
+    Attempt,
+    Entry,
+    EntryError,
+    Staged,
+    Times,
+    now,
+    parse_stamp,
+    stamp,
+)
+from ..ledger.handle import build_handle, mask_text, mask_value, secret_texts
+from ..ledger.report import Outcome, effect_report
+from ..ledger.store import (
+    EntryExists,
+    EntryMissing,
+    Holder,
+    Locks,
+    Stale,
+    Store,
+    StoreUnavailable,
+    lock_name,
+)
+from ..ledger.ulid import new_ulid
+from ..manifest.canonical import canonical_json
+from ..manifest.keys import KeyRenderError, render_key
+from ..manifest.lint import schema_hash_of
+from ..manifest.model import Effect, ToolManifest
+from ..manifest.refs import resolve_map
+from .catalogue import Catalogue
+from .errors import Refusal
+from .metrics import UNKNOWN_TOOL, Metrics
+from .secrets import Secrets
+from .upstream import Answer, Prepared, Upstream, prepare
+
+log = logging.getLogger("unwind.gateway")
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class CallRequest:
+    tool: str
+    arguments: dict[str, Any]
+    run: str
+    entry_id: str
+    stage: bool = False
+    dry_run: bool = False
+
+
+@dataclass
+class CallResult:
+    status: int
+    body: Any
+    report: dict[str, Any] | None = None
+    entry: str | None = None
+
+
+@dataclass(frozen=True)
+class Settings:
+    scopes: frozenset[str]
+    actor: str
+    identities: Literal["kubernetes", "self-declared"] = "self-declared"
+    # A key lock whose entry is not stored yet stands this long: its writer is between
+    # taking the lock and writing ahead. Only a crash leaves one longer.
+    lock_grace: timedelta = timedelta(seconds=30)
+
+
+@dataclass
+class _Call:
+    """What one call has established so far (for its report and its refusal record)."""
+
+    req: CallRequest
+    m: ToolManifest | None = None
+    checksum: str | None = None
+    version: int | None = None
+    key: str | None = None
+    key_sent: str | None = None
+    secrets: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    existing: Entry | None = None
+    record: bool = True  # whether a refusal is recorded as an entry
+
+    def digest(self) -> str:
+        return "sha256:" + hashlib.sha256(canonical_json(self.req.arguments)).hexdigest()
+
+
+class Gateway:
+    def __init__(self, catalogue: Catalogue, store: Store, locks: Locks, upstream: Upstream,
+                 secrets: Secrets, settings: Settings, metrics: Metrics | None = None,
+                 clock: Callable[[], datetime] = now) -> None:
+        self.catalogue, self.store, self.locks = catalogue, store, locks
+        self.upstream, self.secrets, self.settings = upstream, secrets, settings
+        self.metrics = metrics or Metrics()
+        self.clock = clock
+
+    # ---- the entry point ----
+
+    async def call(self, req: CallRequest) -> CallResult:
+        started = time.perf_counter()
+        c = _Call(req)
+        try:
+            result = await self._call(c)
+        except Refusal as refusal:
+            result = await self._refused(c, refusal)
+        m = c.m
+        tool = m.tool if m else UNKNOWN_TOOL
+        error = result.body["error"] if result.status >= 400 else {}
+        outcome = error.get("code")
+        state = outcome or ("dry_run" if req.dry_run else "succeeded")
+        self.metrics.calls.labels(tool, str(m.effect) if m else "", state).inc()
+        self.metrics.latency.labels(tool).observe(time.perf_counter() - started)
+        message = error.get("message", "")
+        log.info("call run=%s entry=%s tool=%s status=%d outcome=%s ms=%.1f%s", req.run,
+                 result.entry or req.entry_id, req.tool[:128], result.status, state,
+                 (time.perf_counter() - started) * 1000, f" message={message!r}" if message else "")
+        return result
+
+    async def reject(self, req: CallRequest, refusal: Refusal) -> CallResult:
+        """Answer (and record) a request refused before enforcement: a body too large or not
+        JSON, a bad Idempotency-Key. The run is known; the arguments are not."""
+        c = _Call(req)
+        served = self.catalogue.get(req.tool)
+        if served is not None:
+            c.m, c.checksum, c.version = served.manifest, served.checksum, served.version
+        result = await self._refused(c, refusal)
+        tool = c.m.tool if c.m else UNKNOWN_TOOL
+        self.metrics.calls.labels(tool, str(c.m.effect) if c.m else "", refusal.code).inc()
+        log.info("call run=%s entry=%s tool=%s status=%d outcome=%s message=%r", req.run,
+                 result.entry, req.tool[:128], result.status, refusal.code, refusal.message)
+        return result
+
+    async def _call(self, c: _Call) -> CallResult:
+        req = c.req
+        served = self.catalogue.get(req.tool)
+        if served is None or not served.manifest.enforceable:
+            if served is None and not self.catalogue.ready:
+                raise Refusal("not_found", f"no tool {req.tool!r}: the gateway serves no "
+                              f"manifests ({self.catalogue.problem})")
+            what = "is only a draft: approve it before calling" if served else "is not served here"
+            raise Refusal("not_found", f"tool {req.tool!r} {what}")
+        m = c.m = served.manifest
+        c.checksum, c.version = served.checksum, served.version
+        c.secrets = secret_texts(m, req.arguments)
+        if m.lifecycle == "deprecated":
+            c.warnings.append(f"{m.tool} is deprecated: use {m.replaced_by}" if m.replaced_by
+                              else f"{m.tool} is deprecated")
+        call_m, args = self._stage_form(c) if req.stage else (m, dict(req.arguments))
+        checks: list[Refusal] = []
+        for check in (self._permission, self._requires, self._schema_drift):
+            refusal = await check(c)
+            if refusal is not None:
+                if not req.dry_run:
+                    raise refusal
+                checks.append(refusal)
+        if not req.stage:
+            self._render_key(c, args)
+        if req.dry_run:
+            return await self._dry_run(c, checks)
+        await self._idempotency_key_is_free(c)
+        if c.key is not None and not req.stage:
+            standing = await self._standing(c)
+            if standing is not None:
+                raise standing
+        approved = c.existing is not None and c.existing.state == "awaiting_approval"
+        rules = None if req.stage else ApprovalRules.from_manifest(m)
+        if rules is not None and not approved:
+            return await self._await_approval(c, rules)
+        prepared = prepare(call_m, args, self.secrets, self._key_headers(c))
+        holder = await self._take_key(c)
+        try:
+            entry = await self._write_ahead(c)
+        except BaseException:
+            await self._release(c, holder)
+            raise
+        return await self._run(c, entry, prepared, holder)
+
+    # ---- the checks ----
+
+    def _stage_form(self, c: _Call) -> tuple[ToolManifest, dict[str, Any]]:
+        m = c.m
+        assert m is not None
+        if m.draft is None:
+            raise Refusal("unsupported_operation", f"{m.tool} has no draft form, so it cannot be "
+                          "staged: call it without stage (the real effect) or not at all")
+        served = self.catalogue.get(m.draft.tool)
+        if served is None or not served.manifest.enforceable:
+            raise Refusal("unsupported_operation", f"the draft tool {m.draft.tool} of {m.tool} "
+                          "is not served here")
+        args, missing = resolve_map(m.draft.arguments, c.req.arguments, None)
+        if missing:
+            raise Refusal("validation_error", "the draft cannot be filled: " + "; ".join(missing))
+        return served.manifest, args
+
+    async def _permission(self, c: _Call) -> Refusal | None:
+        m = c.m
+        assert m is not None
+        scopes = self.settings.scopes
+        if "*" in scopes or m.permission in scopes:
+            return None
+        held = ", ".join(sorted(scopes)) or "none"
+        return Refusal("permission_denied", f"{m.tool} needs permission {m.permission}; this "
+                       f"gateway's scopes are {held}")
+
+    async def _requires(self, c: _Call) -> Refusal | None:
+        m = c.m
+        assert m is not None
+        if not m.requires:
+            return None
+        entries = await self.ledger(self.store.entries(c.req.run))
+        done = {e.tool for e in entries if e.state == "succeeded"}
+        missing = [r.tool for r in m.requires if r.tool not in done]
+        if not missing:
+            return None
+        return Refusal("requires_not_met", f"{m.tool} requires {', '.join(missing)} to have "
+                       f"succeeded earlier in run {c.req.run}: call it first")
+
+    async def _schema_drift(self, c: _Call) -> Refusal | None:
+        m = c.m
+        assert m is not None
+        if not m.schema_hash or m.upstream is None or m.upstream.mcp is None:
+            return None
+        schema = self.upstream.schemas.get((m.upstream.mcp.url, m.upstream.mcp.tool))
+        if schema is None:
+            return None  # not known: nothing to compare
+        seen = schema_hash_of(schema)
+        if seen == m.schema_hash:
+            return None
+        return Refusal("schema_drift", f"the input schema of {m.tool} changed since its manifest "
+                       f"was approved ({m.schema_hash} then, {seen} now): review the manifest "
+                       "again")
+
+    def _render_key(self, c: _Call, args: dict[str, Any]) -> None:
+        m = c.m
+        assert m is not None
+        if m.idempotency is None:
+            return
+        try:
+            c.key = render_key(m.idempotency.key, c.req.arguments)
+        except KeyRenderError as exc:
+            raise Refusal("validation_error", exc.reason) from None
+        carrier = m.idempotency.carrier
+        if carrier is None:
+            return
+        c.key_sent = c.key
+        if carrier.argument is not None:
+            given = args.get(carrier.argument)
+            if given is not None and given != c.key_sent:
+                raise Refusal("validation_error", f"argument {carrier.argument} carries the "
+                              "idempotency key, and the call gives a different one: leave it "
+                              "out (the gateway fills it in) or make it match")
+            args[carrier.argument] = c.key_sent
+
+    def _key_headers(self, c: _Call) -> dict[str, str]:
+        m = c.m
+        carrier = m.idempotency.carrier if m and m.idempotency else None
+        if carrier is None or carrier.header is None or c.key_sent is None or c.req.stage:
+            return {}
+        return {carrier.header: c.key_sent}
+
+    async def _idempotency_key_is_free(self, c: _Call) -> None:
+        """The caller's Idempotency-Key (the entry id): unused, or naming an entry that may
+        run again: failed, refused, or awaiting approval (then tallied here)."""
+        req = c.req
+        existing = await self.ledger(self.store.get(req.run, req.entry_id))
+        if existing is None or existing.state in REUSABLE:
+            c.existing = existing
+            return
+        same = existing.arguments_sha256 == c.digest() and existing.tool == req.tool
+        if existing.state in ("awaiting_approval", "denied") and same:
+            c.record = False  # the entry itself records the approval's course
+            settled = decide.settle(req.run, existing, self.clock())
+            if settled.state != existing.state:
+                settled = await self.ledger(self.store.update(
+                    req.run, existing.id, lambda e: decide.settle(req.run, e, self.clock())))
+            if settled.state == "denied":
+                message = settled.approval.message if settled.approval else "denied"
+                raise Refusal("denied", f"entry {existing.id} was denied: {message}",
+                              {"entry": existing.id})
+            if settled.approval is not None and settled.approval.state == "awaiting_approval":
+                raise Refusal("approval_required", f"entry {existing.id} awaits approval: "
+                              f"{settled.approval.message}", {"entry": existing.id})
+            c.existing = settled
+            return
+        why = ("with other arguments" if not same else f"and is {existing.state}")
+        raise Refusal("duplicate", f"Idempotency-Key {existing.id} names an entry of run "
+                      f"{req.run} already ({existing.tool}, {why}): a call runs once; use a new "
+                      "key for a new call", {"entry": existing.id})
+
+    async def _standing(self, c: _Call, *, take: Holder | None = None) -> Refusal | None:
+        """Is the rendered key held by a call that still stands? With ``take``, also take
+        the lock (race-free: exactly one process creates it)."""
+        m = c.m
+        assert m is not None and m.idempotency is not None and c.key is not None
+        name = self._lock_name(c)
+        for _ in range(3):
+            holder = (await self.ledger(self.locks.acquire(name, take)) if take
+                      else await self.ledger(self.locks.peek(name)))
+            if holder is None or (holder.run, holder.entry) == (c.req.run, c.req.entry_id):
+                return None
+            entry = (await self.ledger(self.store.get(holder.run, holder.entry))
+                     if holder.run else None)
+            if entry is None:
+                young = self.clock() - parse_stamp(holder.since) < self.settings.lock_grace
+                if young:
+                    return self._duplicate(c, holder.entry or "(being recorded)", holder.run)
+            elif entry.holds_key and entry.key == c.key:
+                return self._duplicate(c, entry.id, holder.run)
+            if not take:
+                return None  # stale: a real call would break it
+            await self.ledger(self.locks.break_stale(name, holder))
+        return Refusal("ledger_unavailable", f"could not take the lock of key {c.key!r}: it "
+                       "kept changing hands; try again")
+
+    def _duplicate(self, c: _Call, entry: str, run: str) -> Refusal:
+        assert c.m is not None and c.m.idempotency is not None
+        scope = c.m.idempotency.scope
+        return Refusal("duplicate", f"duplicate call: {c.m.tool} with idempotency key {c.key!r} "
+                       f"stands as entry {entry} of run {run} ({scope} scope); it is free again "
+                       "once that call fails or is undone", {"entry": entry, "run": run})
+
+    def _lock_name(self, c: _Call) -> str:
+        assert c.m is not None and c.m.idempotency is not None and c.key is not None
+        return lock_name(c.m.idempotency.scope, run=c.req.run, actor=self.settings.actor,
+                         tool=c.m.tool, key=c.key)
+
+    async def _take_key(self, c: _Call) -> Holder | None:
+        if c.key is None or c.req.stage:
+            return None
+        holder = Holder(c.req.run, c.req.entry_id, stamp(self.clock()))
+        refusal = await self._standing(c, take=holder)
+        if refusal is not None:
+            raise refusal
+        return holder
+
+    async def _release(self, c: _Call, holder: Holder | None) -> None:
+        if holder is None:
+            return
+        try:
+            await self.locks.release(self._lock_name(c), holder)
+        except (StoreUnavailable, OSError) as exc:
+            log.error("could not release the key lock of entry %s: %s", holder.entry, exc)
+
+    # ---- entries ----
+
+    def _entry(self, c: _Call, state: Any, **fields: Any) -> Entry:
+        m, req = c.m, c.req
+        return Entry(
+            id=req.entry_id, tool=m.tool if m else req.tool[:128], version=c.version,
+            checksum=c.checksum, effect=str(m.effect) if m else None, key=c.key,
+            scope=m.idempotency.scope if m and m.idempotency and c.key else None,
+            actor=self.settings.actor, state=state, arguments_sha256=c.digest(),
+            warnings=list(c.warnings), times=Times(requested=stamp(self.clock())), **fields)
+
+    async def _store_new(self, c: _Call, entry: Entry) -> Entry:
+        """Create the entry, or turn the reusable (or approved) one it replaces into it."""
+        old = c.existing
+        if old is None:
+            try:
+                return await self.ledger(self.store.create(c.req.run, entry))
+            except EntryExists:
+                raise Refusal("duplicate", f"Idempotency-Key {entry.id} was just used by another "
+                              "call: a call runs once", {"entry": entry.id}) from None
+
+        def change(current: Entry) -> Entry:
+            if current.state != old.state:
+                raise Stale(current.state)
+            history = list(current.attempts)
+            if current.state in REUSABLE:
+                history.append(Attempt(state=current.state, error=current.error,
+                                       finished=current.times.finished))
+            keep: dict[str, Any] = {"approval": current.approval, "seq": current.seq,
+                                    "attempts": history}
+            if current.state == "awaiting_approval":
+                keep["times"] = Times(requested=current.times.requested)
+            return entry.model_copy(update=keep)
+        try:
+            return await self.ledger(self.store.update(c.req.run, entry.id, change))
+        except (Stale, EntryMissing):
+            raise Refusal("duplicate", f"Idempotency-Key {entry.id} was just used by another "
+                          "call: a call runs once", {"entry": entry.id}) from None
+
+    async def _write_ahead(self, c: _Call) -> Entry:
+        entry = self._entry(c, "pending")
+        return await self._store_new(c, entry)
+
+    async def _await_approval(self, c: _Call, rules: ApprovalRules) -> CallResult:
+        entry = self._entry(c, "awaiting_approval",
+                            approval=decide.record(rules, self.settings.identities))
+        entry = decide.settle(c.req.run, entry, self.clock())
+        stored = await self._store_new(c, entry)
+        c.record = False
+        assert stored.approval is not None
+        refusal = Refusal("approval_required", f"{stored.tool} needs approval: "
+                          f"{stored.approval.message}; repeat the call with Idempotency-Key "
+                          f"{stored.id} once it is approved", {"entry": stored.id})
+        return self._answer_refusal(c, refusal)
+
+    async def ledger(self, op: Awaitable[T]) -> T:
+        started = time.perf_counter()
+        try:
+            return await op
+        except (EntryExists, EntryMissing, Stale):
+            raise  # answers of the store protocol, for the caller to handle
+        except Exception as exc:  # StoreUnavailable, or a store that broke in another way
+            self.metrics.ledger_failures.inc()
+            if not isinstance(exc, StoreUnavailable):
+                log.exception("the ledger store failed")
+            raise Refusal("ledger_unavailable", f"the ledger cannot be written, so nothing is "
+                          f"called: {exc}") from None
+        finally:
+            self.metrics.ledger_writes.observe(time.perf_counter() - started)
+
+    # ---- the call and its outcome ----
+
+    async def _run(self, c: _Call, entry: Entry, p: Prepared, holder: Holder | None) -> CallResult:
+        m = c.m
+        assert m is not None
+        started = stamp(self.clock())
+        answer = await self.upstream.send(p)
+        finished = stamp(self.clock())
+        state, refusal = self._outcome(c, p, answer)
+        staged = None
+        if state == "succeeded":
+            handle = build_handle(m, c.req.arguments, answer.data, staged=c.req.stage)
+            if c.req.stage and m.draft is not None:
+                kept, _ = resolve_map(m.draft.handle, c.req.arguments, answer.data)
+                staged = Staged(draft_tool=m.draft.tool, handle=mask_value(kept, c.secrets),
+                                promote=m.draft.promote, discard=m.draft.discard)
+        else:
+            handle = build_handle(m, c.req.arguments, {})
+        outcome: Outcome = state  # type: ignore[assignment]
+        report = effect_report(m, outcome=outcome, handle=handle, key_sent=c.key_sent,
+                               key=c.key, ledger=c.req.run, entry=entry.id, staged=staged,
+                               warnings=c.warnings, finished=finished)
+        error = EntryError(code=refusal.code, message=refusal.message) if refusal else None
+
+        def finish(current: Entry) -> Entry:
+            times = current.times.model_copy(update={"started": started, "finished": finished})
+            return current.model_copy(update={"state": state, "handle": handle, "report": report,
+                                              "error": error, "staged": staged, "times": times})
+        try:
+            await self.ledger(self.store.update(c.req.run, entry.id, finish))
+        except Refusal as exc:
+            log.error("entry %s of run %s stays pending: its outcome (%s) could not be "
+                      "recorded: %s", entry.id, c.req.run, state, exc.message)
+            report["warnings"].append("the ledger could not record the outcome: the entry "
+                                      "stays pending (its key stays taken)")
+            state = "pending"
+        if state == "failed":
+            await self._release(c, holder)
+        if refusal is not None:
+            return CallResult(refusal.status, refusal.envelope(), report, entry.id)
+        return CallResult(200, answer.data, report, entry.id)
+
+    def _outcome(self, c: _Call, p: Prepared, a: Answer) -> tuple[str, Refusal | None]:
+        m = c.m
+        assert m is not None
+        if a.kind == "ok":
+            return "succeeded", None
+        text = mask_text(a.text, c.secrets)
+        acted = a.may_have_acted and m.effect != Effect.read_only
+        state = "uncertain" if acted else "failed"
+        tried = f" after {a.attempts} attempts" if a.attempts > 1 else ""
+        if a.kind == "timeout":
+            return state, Refusal("upstream_timeout", f"{text}{tried}: the call's outcome is "
+                                  "unknown" + (", find it with the lookup" if m.lookup else ""))
+        if a.kind == "error_status":
+            detail = mask_value(a.data, c.secrets) if a.data is not None else text
+            return state, Refusal("upstream_error", f"{p.method} {m.tool}: the upstream answered "
+                                  f"{a.status}{tried}", {"upstream_status": a.status,
+                                                         "upstream": detail})
+        if a.kind == "not_json":
+            return state, Refusal("upstream_error", f"the upstream of {m.tool} answered "
+                                  f"{a.status} with a body that is not JSON: {text[:200]}")
+        return state, Refusal("upstream_error", f"{text}{tried}")
+
+    # ---- refusals and dry runs ----
+
+    async def _refused(self, c: _Call, refusal: Refusal) -> CallResult:
+        refusal.message = mask_text(refusal.message, c.secrets)
+        if c.record and not c.req.dry_run and refusal.code != "ledger_unavailable":
+            await self._record_refusal(c, refusal)
+        return self._answer_refusal(c, refusal)
+
+    async def _record_refusal(self, c: _Call, refusal: Refusal) -> None:
+        error = EntryError(code=refusal.code, message=refusal.message)
+        entry = self._entry(c, "refused", error=error)
+        entry.times.finished = entry.times.requested
+        try:
+            existing = c.existing or await self.store.get(c.req.run, entry.id)
+            if existing is not None and existing.state not in REUSABLE:
+                entry = entry.model_copy(update={"id": new_ulid()})
+                existing = None
+            c.existing = existing
+            await self._store_new(c, entry)
+        except (Refusal, StoreUnavailable) as exc:
+            log.error("the refusal of entry %s (%s) could not be recorded: %s", entry.id,
+                      refusal.code, exc)
+
+    def _answer_refusal(self, c: _Call, refusal: Refusal) -> CallResult:
+        report = None
+        if c.m is not None:
+            report = effect_report(c.m, outcome="refused", handle=build_handle(c.m, c.req.arguments, {}),
+                                   key_sent=None, key=c.key, ledger=c.req.run,
+                                   entry=str(refusal.extra.get("entry", c.req.entry_id)),
+                                   warnings=c.warnings)
+        return CallResult(refusal.status, refusal.envelope(), report,
+                          str(refusal.extra.get("entry", c.req.entry_id)))
+
+    async def _dry_run(self, c: _Call, checks: list[Refusal]) -> CallResult:
+        m = c.m
+        assert m is not None
+        existing = await self.ledger(self.store.get(c.req.run, c.req.entry_id))
+        if existing is not None and existing.state not in REUSABLE:
+            checks.append(Refusal("duplicate", f"Idempotency-Key {existing.id} names an entry "
+                                  f"already ({existing.state})", {"entry": existing.id}))
+        if c.key is not None:
+            standing = await self._standing(c)
+            if standing is not None:
+                checks.append(standing)
+        if not c.req.stage and ApprovalRules.from_manifest(m) is not None:
+            checks.append(Refusal("approval_required", f"{m.tool} needs approval: the call "
+                                  "would wait as an awaiting_approval entry"))
+        report = effect_report(m, outcome="planned",
+                               handle=build_handle(m, c.req.arguments, {}), key_sent=c.key_sent,
+                               key=c.key, ledger=c.req.run, entry=c.req.entry_id,
+                               warnings=c.warnings)
+        body = {"dry_run": True, "would_run": not checks,
+                "refusals": [{"code": r.code, "message": mask_text(r.message, c.secrets), **r.extra}
+                             for r in checks],
+                "report": report}
+        return CallResult(200, body, report, c.req.entry_id)

@@ -1,0 +1,156 @@
+"""The REST door: ``POST /call/<tool>``, ``GET /calls/<run>/<entry>`` and the probes.
+
+Everything a request says is checked here before enforcement sees it, each with a
+message naming the header or field: the run (``X-Unwind-Run``, else the gateway's
+default), the Idempotency-Key, the body (at most 64 KiB of JSON: ``arguments``, ``stage``,
+``dry_run``). Requests that name no valid run are answered and not recorded (there is no
+ledger to put them in); every other refusal is recorded by the enforcement path.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from ..ledger.store import ENTRY_ID_PATTERN, run_problem
+from ..ledger.ulid import new_ulid
+from .enforce import CallRequest, CallResult, Gateway
+from .errors import Refusal
+
+MAX_BODY = 64 * 1024
+REPORT_HEADER = "X-Unwind-Effect"
+_BODY_FIELDS = {"arguments", "stage", "dry_run"}
+
+
+def report_header(report: dict[str, Any]) -> str:
+    """The report as one header value: compact JSON with every non-ASCII character escaped."""
+    return json.dumps(report, ensure_ascii=True, separators=(",", ":"))
+
+
+def error_response(refusal: Refusal) -> JSONResponse:
+    return JSONResponse(refusal.envelope(), status_code=refusal.status)
+
+
+def respond(result: CallResult) -> Response:
+    headers = {REPORT_HEADER: report_header(result.report)} if result.report else {}
+    return JSONResponse(result.body, status_code=result.status, headers=headers)
+
+
+def choose_run(header: str | None, default: str | None) -> str:
+    """The run of a request (REST and MCP alike), or a refusal naming the header."""
+    run = header if header is not None else default
+    if not run:
+        raise Refusal("validation_error", "no run: send the X-Unwind-Run header (or start the "
+                      "gateway with --run / UNWIND_RUN)")
+    problem = run_problem(run)
+    if problem:
+        raise Refusal("validation_error", f"X-Unwind-Run: {problem}")
+    return run
+
+
+def check_entry_id(value: str | None) -> str:
+    if value is None:
+        return new_ulid()
+    if not ENTRY_ID_PATTERN.fullmatch(value):
+        raise Refusal("validation_error", "Idempotency-Key must be 1 to 128 letters, digits and "
+                      "'.', '_', ':' or '-' (it becomes the ledger entry id)")
+    return value
+
+
+def _no_constants(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def parse_body(raw: bytes) -> tuple[dict[str, Any], bool, bool]:
+    """(arguments, stage, dry_run) from a call's body, or a refusal naming the field."""
+    try:
+        body = json.loads(raw.decode("utf-8"), parse_constant=_no_constants) if raw.strip() else {}
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise Refusal("validation_error", f"the body is not JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise Refusal("validation_error", 'the body must be a JSON object: {"arguments": {...}}')
+    unknown = sorted(set(body) - _BODY_FIELDS)
+    if unknown:
+        raise Refusal("validation_error", f"unknown field {', '.join(map(repr, unknown))} in the "
+                      "body: it takes arguments, stage and dry_run")
+    arguments = body.get("arguments", {})
+    if not isinstance(arguments, dict):
+        raise Refusal("validation_error", "arguments must be a JSON object")
+    flags = []
+    for name in ("stage", "dry_run"):
+        value = body.get(name, False)
+        if not isinstance(value, bool):
+            raise Refusal("validation_error", f"{name} must be true or false")
+        flags.append(value)
+    return arguments, flags[0], flags[1]
+
+
+async def read_limited(request: Request, limit: int = MAX_BODY) -> bytes | None:
+    """The body, or None once it passes ``limit`` bytes (counted, not trusted from a header)."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        return None
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            return None
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def routes(gateway: Gateway, default_run: str | None) -> list[Route]:
+    async def call(request: Request) -> Response:
+        tool = request.path_params["tool"]
+        try:
+            run = choose_run(request.headers.get("x-unwind-run"), default_run)
+        except Refusal as refusal:
+            return error_response(refusal)
+        given = request.headers.get("idempotency-key")
+        entry_id = given if given is not None and ENTRY_ID_PATTERN.fullmatch(given) else new_ulid()
+        req = CallRequest(tool=tool, arguments={}, run=run, entry_id=entry_id)
+        try:
+            check_entry_id(given)
+            raw = await read_limited(request)
+            if raw is None:
+                raise Refusal("payload_too_large", f"the body is larger than {MAX_BODY // 1024} "
+                              "KiB: send less (arguments are for calls, not for documents)")
+            arguments, stage, dry_run = parse_body(raw)
+        except Refusal as refusal:
+            return respond(await gateway.reject(req, refusal))
+        req = CallRequest(tool=tool, arguments=arguments, run=run, entry_id=entry_id,
+                          stage=stage, dry_run=dry_run)
+        return respond(await gateway.call(req))
+
+    async def get_entry(request: Request) -> Response:
+        run, entry_id = request.path_params["run"], request.path_params["entry"]
+        problem = run_problem(run)
+        if problem:
+            return error_response(Refusal("validation_error", problem))
+        try:
+            entry = await gateway.ledger(gateway.store.get(run, entry_id))
+        except Refusal as refusal:
+            return error_response(refusal)
+        if entry is None:
+            return error_response(Refusal("not_found", f"no entry {entry_id} in run {run}"))
+        return JSONResponse(entry.to_json())
+
+    async def healthz(_: Request) -> Response:
+        return JSONResponse({"ok": True})
+
+    async def readyz(_: Request) -> Response:
+        c = gateway.catalogue
+        body = {"ready": c.ready, "generation": c.generation, "problem": c.problem}
+        return JSONResponse(body, status_code=200 if c.ready else 503)
+
+    async def metrics(_: Request) -> Response:
+        return Response(generate_latest(gateway.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    return [Route("/call/{tool:path}", call, methods=["POST"]),
+            Route("/calls/{run}/{entry}", get_entry, methods=["GET"]),
+            Route("/healthz", healthz), Route("/readyz", readyz), Route("/metrics", metrics)]

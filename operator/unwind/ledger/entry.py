@@ -1,0 +1,139 @@
+"""One ledger entry: the record of one call, written before the upstream sees it.
+
+An entry's life: ``pending`` is stored first (write-ahead), then ``succeeded``, ``failed``
+or ``uncertain`` (sent, answer lost). A refusal is recorded as ``refused`` with its code;
+a call that needs a human waits as ``awaiting_approval`` (then ``denied``, or it runs);
+rollback later adds ``undoing``, ``undone`` and ``undo_failed``.
+
+The entry keeps only what an undo, a read-back or a lookup needs (the ``handle``); the
+arguments are never stored whole, only their digest, so a repeated call (an approved one,
+or a retry after a failure) can be recognised as the same call.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+State = Literal["refused", "awaiting_approval", "denied", "pending", "succeeded", "failed",
+                "uncertain", "undoing", "undone", "undo_failed"]
+STATES: tuple[State, ...] = ("refused", "awaiting_approval", "denied", "pending", "succeeded",
+                             "failed", "uncertain", "undoing", "undone", "undo_failed")
+# While an entry is in one of these, its rendered key stands: a second call with the same
+# key is a duplicate. failed and undone free it; awaiting is checked again when it runs.
+HOLDING: frozenset[State] = frozenset({"pending", "succeeded", "uncertain", "undoing", "undo_failed"})
+# An Idempotency-Key whose entry is in one of these may be used again: the call runs anew.
+REUSABLE: frozenset[State] = frozenset({"failed", "refused"})
+REDACTED = "[redacted]"
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class EntryError(_Model):
+    code: str = Field(description="The error code the caller got, e.g. duplicate or upstream_timeout.")
+    message: str = Field(description="What happened; audit.redaction values are masked.")
+
+
+class Handle(_Model):
+    """Only the values an undo, its read-back, a deadline or a lookup names."""
+
+    args: dict[str, Any] = Field(default_factory=dict, description="Kept call arguments (paths as in the call).")
+    result: Any = Field(default_factory=dict, description="Kept parts of the upstream's answer.")
+
+
+class Staged(_Model):
+    draft_tool: str = Field(description="The tool that made the draft.")
+    handle: dict[str, Any] = Field(default_factory=dict, description="Identifies the draft (draft.handle).")
+    promote: str = Field(description="The tool that turns the draft into the real effect.")
+    discard: str | None = Field(None, description="The tool that throws the draft away.")
+
+
+class ApprovalDecision(_Model):
+    name: str = Field(description="The decision's name (an Approval object in a cluster).")
+    user: str
+    groups: list[str] = Field(default_factory=list)
+    decision: Literal["approve", "deny"]
+    reason: str = ""
+    created: str = Field(description="When the decision was made (RFC 3339).")
+
+
+class ApprovalRulesRecord(_Model):
+    roles: list[str] = Field(default_factory=list)
+    quorum: int = 1
+    timeout_ms: int | None = None
+    on_timeout: Literal["deny", "escalate"] = "deny"
+    escalate_to: list[str] = Field(default_factory=list)
+
+
+class EntryApproval(_Model):
+    """The rules frozen when the call was requested, the decisions so far and their tally."""
+
+    rules: ApprovalRulesRecord
+    identities: Literal["kubernetes", "self-declared"] = Field(
+        description="kubernetes: the admission webhook stamped each approver; self-declared: "
+                    "local mode, where `unwind approve --ledger` takes --by at its word.")
+    decisions: list[ApprovalDecision] = Field(default_factory=list)
+    state: Literal["awaiting_approval", "approved", "denied"] = "awaiting_approval"
+    message: str = ""
+
+
+class Times(_Model):
+    requested: str = Field(description="When the call arrived (RFC 3339).")
+    started: str | None = Field(None, description="When the upstream was called.")
+    finished: str | None = Field(None, description="When the answer (or its absence) was recorded.")
+
+
+class Attempt(_Model):
+    """An earlier attempt under the same Idempotency-Key (after failed or refused)."""
+
+    state: State
+    error: EntryError | None = None
+    finished: str | None = None
+
+
+class Entry(_Model):
+    id: str = Field(description="The caller's Idempotency-Key (or a generated ULID).")
+    seq: int = Field(0, description="Order in the run, from 1.")
+    tool: str
+    version: int | None = Field(None, description="The manifest version enforced.")
+    checksum: str | None = Field(None, description="The manifest checksum enforced.")
+    effect: str | None = Field(None, description="The tool's effect class.")
+    key: str | None = Field(None, description="The rendered idempotency key, or null.")
+    scope: Literal["run", "actor", "global"] | None = Field(None, description="Where the key must be unique.")
+    actor: str
+    state: State
+    arguments_sha256: str | None = Field(None, description="Digest of the canonical arguments: a repeat must match.")
+    handle: Handle | None = None
+    report: dict[str, Any] | None = Field(None, description="The X-Unwind-Effect report the caller got.")
+    error: EntryError | None = None
+    staged: Staged | None = None
+    approval: EntryApproval | None = None
+    warnings: list[str] = Field(default_factory=list)
+    undo: dict[str, Any] | None = Field(None, description="The undo's detail (rollback).")
+    attempts: list[Attempt] = Field(default_factory=list, description="Earlier attempts under this id.")
+    times: Times
+
+    @property
+    def holds_key(self) -> bool:
+        return self.key is not None and self.state in HOLDING
+
+    def to_json(self) -> dict[str, Any]:
+        return self.model_dump(mode="json", exclude_none=True)
+
+
+def now() -> datetime:
+    return datetime.now(UTC)
+
+
+def stamp(moment: datetime | None = None) -> str:
+    """RFC 3339 in UTC with milliseconds (entries of one second must still sort)."""
+    moment = moment or now()
+    return moment.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def parse_stamp(text: str) -> datetime:
+    return datetime.fromisoformat(text.replace("Z", "+00:00"))

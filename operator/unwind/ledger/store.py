@@ -1,0 +1,108 @@
+"""Where ledger entries live: the Store and Locks protocols the gateway writes through.
+
+The gateway only ever talks to these two protocols, so the enforcement code is the same
+whether entries go to a file on a laptop (``FileStore``, ``FileLocks``) or to the run's
+EffectLedger and a Lease per key in a cluster. The contract every implementation keeps:
+
+- ``create`` stores a new entry (and gives it the run's next ``seq``) or raises
+  ``EntryExists`` with the entry already there: two callers never both create one id.
+- ``update`` applies a change function to the stored entry atomically: under a lock for a
+  file, with resourceVersion preconditions and a retry on conflict in a cluster (the
+  function is then called again on the fresh entry, so it must be a pure function of it).
+  The function raises ``Stale`` when the entry is no longer in a state it may change.
+- Anything that stops a write raises ``StoreUnavailable``: the caller gets 503 and the
+  upstream is never called (no effect without a record).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+from .entry import Entry
+
+# A run names its ledger (an EffectLedger object, a file), so it is a DNS label: that
+# keeps it a valid object name, a safe file name, and free of the dot that page names use.
+RUN_PATTERN = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+# Entry ids come from callers (Idempotency-Key): printable, no spaces, bounded.
+ENTRY_ID_PATTERN = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+Change = Callable[[Entry], Entry]
+
+
+class StoreUnavailable(Exception):
+    """The ledger cannot be read or written; the message says what failed."""
+
+
+class EntryExists(Exception):
+    def __init__(self, entry: Entry) -> None:
+        super().__init__(f"entry {entry.id} exists ({entry.state})")
+        self.entry = entry
+
+
+class EntryMissing(Exception):
+    """No entry with that id in the run."""
+
+
+class Stale(Exception):
+    """A change function found the entry no longer in a state it may change."""
+
+
+def run_problem(run: str) -> str | None:
+    if RUN_PATTERN.fullmatch(run):
+        return None
+    return (f"{run!r} is not a run name: use 1 to 63 lowercase letters, digits and '-', "
+            "starting and ending with a letter or digit (it names the run's ledger)")
+
+
+def page_name(run: str, page: int) -> str:
+    """The ledger object (or file stem) of a run's page: the run itself, then run.p2, ..."""
+    return run if page == 1 else f"{run}.p{page}"
+
+
+class Store(Protocol):
+    async def get(self, run: str, entry_id: str) -> Entry | None: ...
+
+    async def create(self, run: str, entry: Entry) -> Entry: ...
+
+    async def update(self, run: str, entry_id: str, change: Change) -> Entry: ...
+
+    async def entries(self, run: str) -> list[Entry]: ...
+
+
+@dataclass(frozen=True)
+class Holder:
+    """Who holds an idempotency key: the entry whose call stands, and since when."""
+
+    run: str
+    entry: str
+    since: str  # RFC 3339
+
+
+Scope = Literal["run", "actor", "global"]
+
+
+def lock_name(scope: Scope, *, run: str, actor: str, tool: str, key: str) -> str:
+    """The lock of one rendered key within its scope: a hash, so any key makes a valid
+    file or object name and the key itself (which may be sensitive) is not spelled out."""
+    where = {"run": run, "actor": actor, "global": ""}[scope]
+    text = "\0".join((scope, where, tool, key))
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:40]
+
+
+class Locks(Protocol):
+    async def acquire(self, name: str, holder: Holder) -> Holder | None:
+        """Take the lock: None when taken, else the holder that has it."""
+        ...
+
+    async def release(self, name: str, holder: Holder) -> None:
+        """Give the lock up, if ``holder`` still has it."""
+        ...
+
+    async def break_stale(self, name: str, stale: Holder) -> bool:
+        """Remove the lock if ``stale`` still has it (its call failed or vanished)."""
+        ...
+
+    async def peek(self, name: str) -> Holder | None: ...
