@@ -88,3 +88,11 @@ def refused(kubeconfig: Path, namespace: str, *objs: dict[str, Any]) -> str:
                           input=yaml.safe_dump_all(objs), capture_output=True, text=True, timeout=60)
     assert proc.returncode != 0, proc.stdout
     return proc.stderr
+
+
+def event(api: client.ApiClient, namespace: str, name: str, reason: str, type_: str | None = None) -> Any:
+    """Wait for an Event on object ``name`` (posted at the end of the reconcile that caused it)."""
+    def found() -> Any:
+        items = client.CoreV1Api(api).list_namespaced_event(namespace, field_selector=f"involvedObject.name={name}").items
+        return next((e for e in items if e.reason == reason and (type_ is None or e.type == type_)), None)
+    return wait_for(f"event {reason} on {name}", found)

@@ -9,7 +9,18 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from cluster_helpers import GROUP, READ, VERSION, apply, condition, enforced, settled, tm, wait_for
+from cluster_helpers import (
+    GROUP,
+    READ,
+    VERSION,
+    apply,
+    condition,
+    enforced,
+    event,
+    settled,
+    tm,
+    wait_for,
+)
 from kubernetes import client
 
 from unwind.controlplane import ControlPlane
@@ -110,8 +121,7 @@ def test_a_spec_change_needs_a_new_approval_and_a_deny_is_final(
     wait_for("still denied", lambda: condition(settled(k8s_api, namespace, "read") or {}, "Approved")["reason"]
              == "Denied")
     assert enforced(k8s_api, namespace) == {"shop.get_order": 1}
-    events = client.CoreV1Api(k8s_api).list_namespaced_event(namespace, field_selector="involvedObject.name=read")
-    assert any(e.type == "Warning" and e.reason == "Denied" for e in events.items)
+    event(k8s_api, namespace, "read", "Denied", "Warning")
 
 
 def test_a_trusted_appliers_approved_lifecycle_publishes_and_an_untrusted_ones_does_not(

@@ -22,6 +22,7 @@ from cluster_helpers import (
     bundle,
     condition,
     enforced,
+    event,
     get,
     refused,
     settled,
@@ -90,8 +91,7 @@ def test_a_manifest_that_breaks_the_set_gets_valid_false_with_the_field_path_and
     assert "compensation.tool" in valid["message"] and "shop.nowhere" in valid["message"]
     assert condition(obj, "Ready")["status"] == "False"
     wait_for("bundle", lambda: enforced(k8s_api, namespace) == {"shop.cancel_order": 1})
-    events = client.CoreV1Api(k8s_api).list_namespaced_event(namespace, field_selector="involvedObject.name=bad")
-    assert any(e.type == "Warning" and e.reason == "SetValidationFailed" for e in events.items)
+    event(k8s_api, namespace, "bad", "SetValidationFailed", "Warning")
 
 
 def test_an_edit_that_breaks_the_set_keeps_the_last_good_version_in_the_bundle(
@@ -148,8 +148,7 @@ def test_a_bundle_stripped_of_its_label_or_made_immutable_is_replaced_not_frozen
     wait_for("the new tool published", lambda: "shop.list_orders" in enforced(k8s_api, namespace))
     cm = core.read_namespaced_config_map(BUNDLE_NAME, namespace)
     assert cm.metadata.labels["unwind.dev/bundle"] == "true" and not cm.immutable
-    events = core.list_namespaced_event(namespace, field_selector=f"involvedObject.name={BUNDLE_NAME}")
-    assert any(e.type == "Warning" and e.reason == "BundleReplaced" for e in events.items)
+    event(k8s_api, namespace, BUNDLE_NAME, "BundleReplaced", "Warning")
 
 
 def test_deleting_a_manifest_removes_it_from_the_bundle(
@@ -247,8 +246,7 @@ def test_a_manifest_another_reads_is_held_until_its_readers_are_deleted(
     assert obj["metadata"]["deletionTimestamp"]
     assert "still read by ToolManifest create (compensation.tool)" in condition(obj, "Ready")["message"]
     assert enforced(k8s_api, namespace)["shop.cancel_order"] == 1
-    events = client.CoreV1Api(k8s_api).list_namespaced_event(namespace, field_selector="involvedObject.name=cancel")
-    assert any(e.reason == "DeletionBlocked" for e in events.items)
+    event(k8s_api, namespace, "cancel", "DeletionBlocked")
     kubectl(kubeconfig, "-n", namespace, "delete", "toolmanifest", "create", "--wait=false")
     wait_for("released", lambda: not kubectl(kubeconfig, "-n", namespace, "get", "toolmanifest", "cancel",
                                              "--ignore-not-found"))
