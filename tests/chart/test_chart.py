@@ -33,6 +33,7 @@ EXPECTED_CLUSTER_RULES = {
     ("unwind.dev", "toolmanifests"): {"get", "list", "watch", "patch"},
     ("unwind.dev", "toolmanifests/status"): {"get", "patch", "update"},
     ("unwind.dev", "approvals"): {"get", "list", "watch"},
+    ("", "serviceaccounts"): {"get"},
     ("unwind.dev", "effectledgers"): {"get"},
     ("admissionregistration.k8s.io", "validatingwebhookconfigurations"): {"get", "patch"},
     ("admissionregistration.k8s.io", "mutatingwebhookconfigurations"): {"get", "patch"},
@@ -236,9 +237,11 @@ def test_the_webhooks_fail_closed_skip_the_operator_namespace_and_go_through_the
     hooks = [h for kind in ("ValidatingWebhookConfiguration", "MutatingWebhookConfiguration")
              for h in only(objects, kind)["webhooks"]]
     assert {h["name"] for h in hooks} == {"toolmanifests.validate.unwind.dev", "approvals.validate.unwind.dev",
-                                          "toolmanifests.stamp.unwind.dev", "approvals.stamp.unwind.dev"}
+                                          "toolmanifests.stamp.unwind.dev", "approvals.stamp.unwind.dev",
+                                          "pods.inject.unwind.dev"}
     for hook in hooks:
-        assert hook["failurePolicy"] == "Fail"
+        # pods fail open: a pod without a gateway rather than no pod; the rest fail closed
+        assert hook["failurePolicy"] == ("Ignore" if hook["name"].startswith("pods.") else "Fail")
         assert hook["sideEffects"] == "None" and hook["timeoutSeconds"] == 5
         assert hook["namespaceSelector"]["matchExpressions"] == [
             {"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": [NAMESPACE]}]

@@ -95,7 +95,7 @@ def test_the_chart_installs_as_a_deployed_release(installed: dict[str, Any], api
     assert apps.read_namespaced_deployment("unwind-operator", NAMESPACE).spec.replicas == 2
     hooks = client.AdmissionregistrationV1Api(api)
     assert len(hooks.read_validating_webhook_configuration("unwind").webhooks) == 2
-    assert len(hooks.read_mutating_webhook_configuration("unwind").webhooks) == 2
+    assert len(hooks.read_mutating_webhook_configuration("unwind").webhooks) == 3
     rbac = client.RbacAuthorizationV1Api(api)
     assert rbac.read_cluster_role("unwind-operator").rules
     assert rbac.read_namespaced_role("unwind-operator-keys", NAMESPACE).rules

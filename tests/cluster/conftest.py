@@ -107,7 +107,7 @@ def operator(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFacto
                                                      # short lifetimes: renewals and takeovers
                                                      # happen during the tests, not in theory
                                                      "--webhook-cert-lifetime=20s", "--lease-duration=6",
-                                                     "--key-check-seconds=1",
+                                                     "--key-check-seconds=1", "--gateway-image=unwind:test",
                                                      "--trusted-appliers=admin"), webhook_port=port).start()
     try:
         yield op

@@ -59,7 +59,7 @@ def cmd_operator(args: argparse.Namespace) -> int:
     config = Config(operator_namespace=namespace, namespaces=tuple(args.namespace or ()),
                     trusted_appliers=appliers, four_eyes=four_eyes == "true", bundle_window=window,
                     webhook=webhook, lease=Timing(lease, lease * 2 / 3, max(0.5, lease / 7.5)),
-                    key_check_seconds=args.key_check_seconds)
+                    key_check_seconds=args.key_check_seconds, gateway_image=args.gateway_image)
     run(config, args.liveness, args.metrics_port)
     return 0
 
@@ -83,6 +83,20 @@ def cmd_rotate_key(args: argparse.Namespace) -> int:
     print(f"signing key {old} retired, {new} is current: the operator re-signs every bundle within "
           f"seconds and drops {old} from ConfigMap {namespace}/unwind-trust once no bundle uses it")
     return 0
+
+
+def cmd_probe(args: argparse.Namespace) -> int:
+    """A probe for containers whose server listens on loopback only (the gateway sidecar):
+    the kubelet's httpGet would dial the pod IP."""
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(args.url, timeout=args.timeout) as answer:
+            return 0 if 200 <= answer.status < 300 else 1
+    except (urllib.error.URLError, OSError) as exc:
+        print(f"{args.url}: {exc}", file=sys.stderr)
+        return 1
 
 
 def cmd_dev_up(args: argparse.Namespace) -> int:
@@ -141,6 +155,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--webhook-cert-lifetime", default="90d", help="serving certificate lifetime; "
                    "renewed with a third left (default 90d)")
     p.add_argument("--webhook-ca-lifetime", default="3650d", help="webhook CA lifetime (default 3650d)")
+    p.add_argument("--gateway-image", default=os.environ.get("UNWIND_GATEWAY_IMAGE", ""),
+                   help="image of the gateway sidecar injected into pods labelled "
+                   "unwind.dev/inject=true (default $UNWIND_GATEWAY_IMAGE; empty: no injection)")
     p.add_argument("--key-check-seconds", type=float, default=10.0, help="how often the signing key "
                    "Secret and ConfigMap unwind-trust are checked (default 10)")
     p.add_argument("--lease-duration", default=os.environ.get("UNWIND_LEASE_SECONDS", "15"),
@@ -159,6 +176,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    "$UNWIND_OPERATOR_NAMESPACE or unwind-system)")
     p.add_argument("--kubeconfig", help="kubeconfig file (default $KUBECONFIG)")
     p.set_defaults(func=cmd_rotate_key)
+
+    p = sub.add_parser("probe", help="exit 0 when URL answers 2xx (a container probe)")
+    p.add_argument("url")
+    p.add_argument("--timeout", type=float, default=3.0)
+    p.set_defaults(func=cmd_probe)
 
     dev = sub.add_parser("dev", help="the local control plane with Unwind installed")
     dsub = dev.add_subparsers(dest="dev_command", required=True, metavar="COMMAND")

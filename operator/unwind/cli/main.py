@@ -54,7 +54,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 PLUGIN_COMMANDS = ("approve", "deny", "history", "diff", "status")
 _MODULE_COMMANDS = {"keygen": ("registry_cmds",), "manifests": ("registry_cmds", "edit_cmds"),
                     "operator": ("cluster_cmds",), "dev": ("cluster_cmds",),
-                    "rotate-signing-key": ("cluster_cmds",),
+                    "rotate-signing-key": ("cluster_cmds",), "probe": ("cluster_cmds",),
                     "gateway": ("gateway_cmds",),
                     **{c: ("plugin_cmds",) for c in PLUGIN_COMMANDS}}
 

@@ -26,6 +26,7 @@ from .. import API_GROUP, API_VERSION
 from ..api.conditions import now_rfc3339
 from . import metrics
 from .hooks import Admission, WebhookConfig, reader
+from .inject import Sidecar
 from .keys import KeyKeeper
 from .kube import APPROVALS, BUNDLE_LABEL, PLURAL, Kube
 from .leader import Elector, Timing
@@ -44,6 +45,7 @@ class Config:
     bundle_window: float = 1.0
     resync_seconds: float = 300.0
     key_check_seconds: float = 10.0
+    gateway_image: str = ""  # the sidecar's image; empty: pods are not injected
     workers: int = 8
     webhook: WebhookConfig = field(default_factory=WebhookConfig)
     lease: Timing = field(default_factory=Timing)
@@ -160,7 +162,9 @@ def build_registry(config: Config, api: client.ApiClient) -> kopf.OperatorRegist
 
     settings = Settings(config.trusted_appliers, config.four_eyes)
     namespaces = Namespaces(reconcile, config.bundle_window, elector.leading)
-    admission = Admission(reader(kube), config.operator_namespace, config.four_eyes)
+    admission = Admission(reader(kube), config.operator_namespace, config.four_eyes,
+                          sidecar=Sidecar(config.gateway_image, config.operator_namespace)
+                          if config.gateway_image else None)
     server = WebhookServer(tls, admission, config.webhook.addr, config.webhook.port)
 
     @kopf.on.login(registry=registry)
@@ -180,6 +184,7 @@ def build_registry(config: Config, api: client.ApiClient) -> kopf.OperatorRegist
         settings.queueing.worker_limit = 200
         keeper = state["keeper"] = await asyncio.to_thread(KeyKeeper, kube.core, config.operator_namespace)
         admission.signer = keeper.sign
+        admission.pod_context = kube.pod_context(lambda: keeper.keys.all_public())
         admission.trust = keeper.keys.all_public()  # identity stamps are ours alone
         log.info("signing with key %s; public keys in ConfigMap %s/unwind-trust",
                  keeper.keys.kid, config.operator_namespace)

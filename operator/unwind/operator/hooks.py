@@ -16,6 +16,7 @@ import asyncio
 import base64
 import datetime as dt
 import json
+import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,11 +29,15 @@ from . import admission
 from .admission import Refused, Request
 from .certs import Lifetimes
 from .identity import Identity, Signer
+from .inject import Sidecar, inject
 from .kube import PLURAL, Kube
 
 LEDGERS = "effectledgers"
+log = logging.getLogger("unwind.operator")
 Handler = Callable[[Request, Mapping[str, Any]], Awaitable[list[dict[str, Any]]]]
 Reader = Callable[[str, str, str], "dict[str, Any] | None"]  # (namespace, plural, name) -> object
+# (namespace, service account) -> (its unwind.dev/scopes, the Secrets the namespace's manifests name)
+PodContext = Callable[[str, str], "tuple[str | None, set[str]]"]
 
 
 @dataclass(frozen=True)
@@ -80,10 +85,13 @@ class Admission:
     four_eyes: bool
     signer: Signer | None = None
     trust: TrustStore = field(default_factory=TrustStore)
+    sidecar: Sidecar | None = None  # None: pods are not injected
+    pod_context: PodContext | None = None
 
     def handlers(self) -> dict[str, Handler]:
         return {"validate-toolmanifest": self.validate_toolmanifest, "stamp-toolmanifest": self.stamp_toolmanifest,
-                "stamp-approval": self.stamp_approval, "validate-approval": self.validate_approval}
+                "stamp-approval": self.stamp_approval, "validate-approval": self.validate_approval,
+                "inject-gateway": self.inject_gateway}
 
     async def review(self, path: str, review: Mapping[str, Any]) -> dict[str, Any]:
         """An AdmissionReview in, its answer out; never raises for a malformed request."""
@@ -132,6 +140,20 @@ class Admission:
     async def validate_approval(self, req: Request, raw: Mapping[str, Any]) -> list[dict[str, Any]]:
         admission.validate_approval(req, self.trust)
         return []
+
+    async def inject_gateway(self, req: Request, raw: Mapping[str, Any]) -> list[dict[str, Any]]:
+        """Fails open: a pod is never refused for want of a gateway (failure policy Ignore
+        covers an unreachable webhook; this covers trouble inside it)."""
+        if req.operation != "CREATE" or self.sidecar is None or self.pod_context is None:
+            return []
+        spec = req.new.get("spec") if isinstance(req.new.get("spec"), Mapping) else {}
+        account = str((spec or {}).get("serviceAccountName") or "default")
+        try:
+            scopes, secrets = await asyncio.to_thread(self.pod_context, req.namespace, account)
+            return inject(req.new, req.namespace, scopes, secrets, self.sidecar)
+        except Exception as exc:
+            log.error("not injecting the gateway into a pod in %s: %s", req.namespace, exc)
+            return []
 
 
 def _request(request: Mapping[str, Any]) -> Request:

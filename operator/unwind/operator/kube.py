@@ -20,9 +20,11 @@ from kubernetes.client.exceptions import ApiException
 
 from .. import API_GROUP, API_VERSION
 from ..api.conditions import now_rfc3339
-from ..bundle import BUNDLE_NAME, SHARD_PREFIX, BundleData, BundleError, read_root
+from ..bundle import BUNDLE_NAME, SHARD_PREFIX, BundleData, BundleError, load_bundle, read_root
+from ..registry.signing import TrustStore
 from .approval import ApprovalObject
 from .identity import APPLIED, APPROVER
+from .inject import SCOPES_ANNOTATION, header_secrets
 from .reconcile import Event, ManifestObject, Revision
 
 log = logging.getLogger("unwind.operator")
@@ -173,6 +175,26 @@ class Kube:
             token = (page.get("metadata") or {}).get("continue")
             if not token:
                 return
+
+    def pod_context(self, trust: Callable[[], TrustStore]) -> Callable[[str, str], tuple[str | None, set[str]]]:
+        """For the injection webhook: a ServiceAccount's scopes annotation, and the Secrets
+        the namespace's enforced manifests name for upstream headers (from its verified
+        bundle; none while it has no bundle that verifies)."""
+        def read(namespace: str, account: str) -> tuple[str | None, set[str]]:
+            try:
+                sa = _json(self.core.read_namespaced_service_account(account, namespace, _preload_content=False))
+                scopes = (sa["metadata"].get("annotations") or {}).get(SCOPES_ANNOTATION)
+            except ApiException as exc:
+                if exc.status != 404:
+                    raise
+                scopes = None
+            data, _, _ = self._bundle(namespace)
+            try:
+                manifests = load_bundle(data, trust(), namespace=namespace).manifests.values() if data else []
+            except BundleError:
+                manifests = []
+            return scopes, header_secrets(manifests)
+        return read
 
     # ---- write ----------------------------------------------------------------------
     def _each(self, items: Iterable[tuple[str, Any]], write: Callable[[Any], None],

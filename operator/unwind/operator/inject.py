@@ -1,0 +1,158 @@
+"""Sidecar injection: what the mutating webhook adds to a pod labelled
+``unwind.dev/inject: "true"``, as a pure function of the pod and what the operator knows.
+
+The gateway container gets everything the pod's agent must not have:
+
+- the pod's ServiceAccount token, projected into the gateway container only (the pod's
+  ``automountServiceAccountToken`` is turned off, so the agent's containers get none): the
+  agent cannot rewrite its own ledger;
+- the Secrets the namespace's manifests name for upstream headers, mounted into the
+  gateway container only: the agent cannot call an upstream with those credentials;
+- its scopes, read from the ServiceAccount's ``unwind.dev/scopes`` annotation *at
+  admission* (a pod cannot widen them later), its run (annotation ``unwind.dev/run``,
+  else the pod's name) and its actor (the ServiceAccount).
+
+Injection is idempotent (a pod that already has the container is left alone) and fails
+open (failure policy Ignore): with the operator down, pods start without a gateway.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+CONTAINER = "unwind-gateway"
+INJECT_LABEL = "unwind.dev/inject"
+RUN_ANNOTATION = "unwind.dev/run"
+SCOPES_ANNOTATION = "unwind.dev/scopes"
+INJECTED_ANNOTATION = "unwind.dev/injected"
+TOKEN_DIR = "/var/run/secrets/unwind"
+SECRETS_DIR = "/etc/unwind/secrets"
+PORT = 8787
+
+
+@dataclass(frozen=True)
+class Sidecar:
+    """What the operator puts in every sidecar (from its flags and the chart)."""
+
+    image: str
+    operator_namespace: str
+    pull_policy: str = "IfNotPresent"
+    command: tuple[str, ...] = ("unwind", "gateway", "--cluster")
+    cpu: tuple[str, str] = ("50m", "500m")
+    memory: tuple[str, str] = ("64Mi", "128Mi")
+
+
+def _escape(key: str) -> str:
+    return key.replace("~", "~0").replace("/", "~1")
+
+
+def _volume_name(secret: str) -> str:
+    # a volume name is a DNS label: 63 characters; the Secret name can be a subdomain
+    import hashlib
+
+    clean = secret.replace(".", "-")[:40].strip("-")
+    return f"unwind-s-{clean}-{hashlib.sha256(secret.encode()).hexdigest()[:8]}"
+
+
+def inject(pod: Mapping[str, Any], namespace: str, scopes: str | None, secrets: Iterable[str],
+           sidecar: Sidecar) -> list[dict[str, Any]]:
+    """JSON patch operations adding the gateway to ``pod`` (empty when already there)."""
+    spec = pod.get("spec") if isinstance(pod.get("spec"), Mapping) else {}
+    assert isinstance(spec, Mapping)
+    containers = spec.get("containers") or []
+    if any(isinstance(c, Mapping) and c.get("name") == CONTAINER for c in containers):
+        return []
+    meta = pod.get("metadata") if isinstance(pod.get("metadata"), Mapping) else {}
+    assert isinstance(meta, Mapping)
+    annotations = meta.get("annotations") or {}
+    account = str(spec.get("serviceAccountName") or spec.get("serviceAccount") or "default")
+    run = annotations.get(RUN_ANNOTATION) if isinstance(annotations, Mapping) else None
+    names = sorted(set(secrets))
+    env: list[dict[str, Any]] = [
+        {"name": "UNWIND_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+        {"name": "UNWIND_OPERATOR_NAMESPACE", "value": sidecar.operator_namespace},
+        {"name": "UNWIND_RUN", **({"value": str(run)} if run else
+                                  {"valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}})},
+        {"name": "UNWIND_SCOPES", "value": scopes or ""},
+        {"name": "UNWIND_ACTOR", "value": f"system:serviceaccount:{namespace}:{account}"},
+        {"name": "UNWIND_TOKEN_FILE", "value": f"{TOKEN_DIR}/token"},
+        {"name": "UNWIND_CA_FILE", "value": f"{TOKEN_DIR}/ca.crt"},
+        {"name": "UNWIND_SECRETS_DIR", "value": SECRETS_DIR},
+    ]
+    mounts = [{"name": "unwind-token", "mountPath": TOKEN_DIR, "readOnly": True},
+              {"name": "unwind-tmp", "mountPath": "/tmp"},
+              *({"name": _volume_name(n), "mountPath": f"{SECRETS_DIR}/{n}", "readOnly": True} for n in names)]
+    probe = {"exec": {"command": ["unwind", "probe", f"http://127.0.0.1:{PORT}/readyz"]},
+             "periodSeconds": 5, "timeoutSeconds": 3, "failureThreshold": 3}
+    container = {
+        "name": CONTAINER, "image": sidecar.image, "imagePullPolicy": sidecar.pull_policy,
+        "command": [*sidecar.command, "--listen", f"127.0.0.1:{PORT}"],
+        "env": env, "volumeMounts": mounts,
+        "resources": {"requests": {"cpu": sidecar.cpu[0], "memory": sidecar.memory[0]},
+                      "limits": {"cpu": sidecar.cpu[1], "memory": sidecar.memory[1]}},
+        "readinessProbe": probe,
+        "livenessProbe": {**probe, "exec": {"command": ["unwind", "probe", f"http://127.0.0.1:{PORT}/healthz"]},
+                          "initialDelaySeconds": 10},
+        "securityContext": {"runAsNonRoot": True, "runAsUser": 65532, "readOnlyRootFilesystem": True,
+                            "allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
+    }
+    volumes = [
+        {"name": "unwind-token", "projected": {"sources": [
+            {"serviceAccountToken": {"path": "token", "expirationSeconds": 3600}},
+            {"configMap": {"name": "kube-root-ca.crt", "items": [{"key": "ca.crt", "path": "ca.crt"}]}}]}},
+        {"name": "unwind-tmp", "emptyDir": {"sizeLimit": "16Mi"}},
+        *({"name": _volume_name(n), "secret": {"secretName": n}} for n in names),
+    ]
+    ops = _remove_token_mounts(spec)
+    ops.append({"op": "add", "path": "/spec/containers/-", "value": container})
+    if spec.get("volumes"):
+        ops += [{"op": "add", "path": "/spec/volumes/-", "value": v} for v in volumes]
+    else:
+        ops.append({"op": "add", "path": "/spec/volumes", "value": volumes})
+    # no token for the agent's own containers: the gateway's projected one is the only copy
+    ops.append({"op": "add", "path": "/spec/automountServiceAccountToken", "value": False})
+    stamp = {INJECTED_ANNOTATION: CONTAINER}
+    if isinstance(annotations, Mapping) and annotations:
+        ops += [{"op": "add", "path": f"/metadata/annotations/{_escape(k)}", "value": v} for k, v in stamp.items()]
+    else:
+        ops.append({"op": "add", "path": "/metadata/annotations", "value": stamp})
+    return ops
+
+
+SA_TOKEN_PATH = "/var/run/secrets/kubernetes.io/serviceaccount"
+
+
+def _remove_token_mounts(spec: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Take back the token the ServiceAccount admission plugin (which runs before webhooks)
+    already mounted into the agent's containers, and its volume."""
+    ops: list[dict[str, Any]] = []
+    token_volumes: set[str] = set()
+    for kind in ("initContainers", "containers"):
+        for c, container in enumerate(spec.get(kind) or []):
+            mounts = container.get("volumeMounts") or [] if isinstance(container, Mapping) else []
+            for m in reversed(range(len(mounts))):
+                if mounts[m].get("mountPath") == SA_TOKEN_PATH:
+                    token_volumes.add(str(mounts[m].get("name")))
+                    ops.append({"op": "remove", "path": f"/spec/{kind}/{c}/volumeMounts/{m}"})
+    volumes = spec.get("volumes") or []
+    still_used = {m.get("name") for kind in ("initContainers", "containers") for c in spec.get(kind) or []
+                  for m in (c.get("volumeMounts") or []) if m.get("mountPath") != SA_TOKEN_PATH}
+    for v in reversed(range(len(volumes))):
+        name = volumes[v].get("name")
+        if name in token_volumes and name not in still_used:
+            ops.append({"op": "remove", "path": f"/spec/volumes/{v}"})
+    return ops
+
+
+def header_secrets(manifests: Iterable[Any]) -> set[str]:
+    """The Secrets the manifests name for upstream headers (``{secretKeyRef: {name, key}}``)."""
+    out: set[str] = set()
+    for m in manifests:
+        upstream = getattr(m, "upstream", None)
+        for value in (getattr(upstream, "headers", None) or {}).values():
+            ref = getattr(value, "secretKeyRef", None)
+            if ref is not None:
+                out.add(ref.name)
+    return out

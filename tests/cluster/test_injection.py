@@ -1,0 +1,91 @@
+"""Sidecar injection by the operator's mutating webhook, and the kubelet stand-in that runs
+pods on the local control plane (volumes, tokens, env, mounts only where mounted)."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from cluster_helpers import apply, enforced, tm, wait_for
+from kubernetes import client
+
+from unwind.controlplane.dev import OperatorProcess
+from unwind.controlplane.kubelet import PodRunner
+from unwind.operator.inject import CONTAINER
+
+SHOP = {"tool": "shop.get_order", "effect": "read_only", "permission": "shop:read",
+        "upstream": {"url": "http://127.0.0.1:8788/orders/{{args.id}}", "method": "GET",
+                     "headers": {"Authorization": {"secretKeyRef": {"name": "shop-api", "key": "token"}}}}}
+
+
+def labelled_pod(name: str, command: list[str], **extra: Any) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "labels": {"unwind.dev/inject": "true"}, **extra},
+            "spec": {"serviceAccountName": "agent", "restartPolicy": "Never",
+                     "containers": [{"name": "agent", "image": "agent:1", "command": command}]}}
+
+
+def test_a_labelled_pod_gets_the_gateway_and_the_agent_keeps_no_token_and_no_secret(
+        operator: OperatorProcess, kubeconfig: Path, k8s_api: client.ApiClient, namespace: str) -> None:
+    core = client.CoreV1Api(k8s_api)
+    core.create_namespaced_service_account(namespace, {"metadata": {
+        "name": "agent", "annotations": {"unwind.dev/scopes": "shop:read"}}})
+    core.create_namespaced_secret(namespace, {"metadata": {"name": "shop-api"}, "stringData": {"token": "s3cret"}})
+    apply(kubeconfig, namespace, tm("get-order", SHOP))
+    wait_for("published", lambda: enforced(k8s_api, namespace) == {"shop.get_order": 1})
+    wait_for("the default token controller", lambda: core.read_namespaced_service_account("agent", namespace).secrets)
+    pod = core.create_namespaced_pod(namespace, labelled_pod("agent-1", ["sleep", "1"]))
+    spec = pod.spec
+    names = [c.name for c in spec.containers]
+    assert names == ["agent", CONTAINER]
+    agent, gateway = spec.containers
+    assert spec.automount_service_account_token is False
+    assert not [m for m in agent.volume_mounts or [] if "serviceaccount" in m.mount_path]
+    env = {e.name: e.value for e in gateway.env}
+    assert env["UNWIND_SCOPES"] == "shop:read"
+    assert env["UNWIND_ACTOR"] == f"system:serviceaccount:{namespace}:agent"
+    assert {m.mount_path for m in gateway.volume_mounts} >= {"/var/run/secrets/unwind", "/etc/unwind/secrets/shop-api"}
+    assert not {m.mount_path for m in agent.volume_mounts or []} & {"/var/run/secrets/unwind", "/etc/unwind/secrets/shop-api"}
+    unlabelled = core.create_namespaced_pod(namespace, {**labelled_pod("plain", ["sleep", "1"]),
+                                                        "metadata": {"name": "plain"}})
+    assert [c.name for c in unlabelled.spec.containers] == ["agent"]
+
+
+def test_the_kubelet_stand_in_gives_each_container_only_the_volumes_it_mounts(
+        operator: OperatorProcess, k8s_api: client.ApiClient, namespace: str, tmp_path: Path) -> None:
+    core = client.CoreV1Api(k8s_api)
+    core.create_namespaced_config_map(namespace, {"metadata": {"name": "settings"}, "data": {"mode": "one"}})
+    script = ("import os, sys, time\n"
+              "path = sys.argv[1]\n"
+              "deadline = time.time() + 20\n"
+              "while time.time() < deadline:\n"
+              "    if os.path.exists(path) and open(path).read() == 'two': break\n"
+              "    time.sleep(0.2)\n"
+              "print('seen', open(path).read(), 'token' if os.path.exists(os.environ.get('TOKEN', '/nope')) else 'none',"
+              " os.environ['POD'], os.environ['KUBERNETES_SERVICE_HOST'])\n")
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "runner"},
+           "spec": {"restartPolicy": "Never", "automountServiceAccountToken": False,
+                    "volumes": [{"name": "settings", "configMap": {"name": "settings"}},
+                                {"name": "token", "projected": {"sources": [{"serviceAccountToken": {"path": "t"}}]}}],
+                    "containers": [
+                        {"name": "reader", "image": "x", "command": [sys.executable, "-c", script, "/conf/mode"],
+                         "env": [{"name": "POD", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+                                 {"name": "TOKEN", "value": "/tok/t"}],
+                         "volumeMounts": [{"name": "settings", "mountPath": "/conf"}]},
+                        {"name": "holder", "image": "x", "command": [sys.executable, "-c",
+                         "import os; print('token' if os.path.getsize(os.environ['TOKEN']) > 20 else 'empty')"],
+                         "env": [{"name": "TOKEN", "value": "/tok/t"}],
+                         "volumeMounts": [{"name": "token", "mountPath": "/tok"}]}]}}
+    core.create_namespaced_pod(namespace, pod)
+    with PodRunner(k8s_api, namespace, "runner") as runner:
+        time.sleep(1)
+        core.patch_namespaced_config_map("settings", namespace, {"data": {"mode": "two"}})
+        assert runner.wait("reader", 30) == 0 and runner.wait("holder", 30) == 0
+        out = runner.output("reader")
+        assert "seen two none runner 127.0.0.1" in out  # updated file; no token where not mounted
+        assert runner.output("holder").strip() == "token"
+    status = wait_for("reported", lambda: (p := core.read_namespaced_pod("runner", namespace)).status.phase
+                      == "Succeeded" and p)
+    assert len(status.status.container_statuses) == 2
