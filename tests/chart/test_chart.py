@@ -35,6 +35,7 @@ EXPECTED_CLUSTER_RULES = {
     ("unwind.dev", "approvals"): {"get", "list", "watch"},
     ("", "serviceaccounts"): {"get"},
     ("unwind.dev", "effectledgers"): {"get"},
+    ("unwind.dev", "effectledgers/status"): {"get", "update"},
     ("admissionregistration.k8s.io", "validatingwebhookconfigurations"): {"get", "patch"},
     ("admissionregistration.k8s.io", "mutatingwebhookconfigurations"): {"get", "patch"},
     ("apps", "controllerrevisions"): {"get", "list", "watch", "create"},

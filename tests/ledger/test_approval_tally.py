@@ -432,3 +432,13 @@ def test_a_decided_entry_stays_decided_when_tallied_later(
     again = run(*made, rules=rules, minute=minute + later)
     if first.state != "awaiting_approval":
         assert again == first
+
+
+def test_an_approval_stamped_to_the_second_of_the_request_still_counts() -> None:
+    requested = T0 + timedelta(milliseconds=700)  # Kubernetes stamps the Approval T0, to the second
+    anyone = ApprovalRules(roles=(), quorum=1, timeout_ms=None, on_timeout="deny", escalate_to=())
+    req = ApprovalRequest("run-42", "e-0007", ACTOR, requested, anyone)
+    same_second = Decision("a", "alice", ("x",), "approve", "", T0, "run-42", "e-0007")
+    assert tally(req, [same_second], at(1)).state == "approved"
+    earlier = Decision("b", "bob", ("x",), "approve", "", T0 - timedelta(seconds=1), "run-42", "e-0007")
+    assert tally(req, [earlier], at(1)).state == "awaiting_approval"

@@ -230,7 +230,9 @@ def _unusable(d: Decision, request: ApprovalRequest) -> str | None:
         return f"decision {d.decision!r} is neither approve nor deny"
     if d.created.utcoffset() is None:
         return "its creation time has no time zone"
-    if d.created < request.requested_at:
+    # Kubernetes stamps objects to the second: a decision in the same second as the request
+    # cannot be told to be earlier, so only a whole second before counts as before.
+    if d.created < request.requested_at.replace(microsecond=0):
         return (f"was made at {_stamp(d.created)}, before the call was requested at "
                 f"{_stamp(request.requested_at)}")
     return None

@@ -16,6 +16,7 @@ import os
 import socket
 import time
 from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
 from typing import Any
 
 import kopf
@@ -30,6 +31,7 @@ from .inject import Sidecar
 from .keys import KeyKeeper
 from .kube import APPROVALS, BUNDLE_LABEL, PLURAL, Kube
 from .leader import Elector, Timing
+from .ledgers import decide_entries, decisions_for, ledger_targets
 from .reconcile import Settings, failure_statuses, plan
 from .webhook import TLSKeeper, WebhookServer
 
@@ -144,8 +146,20 @@ def reconcile_namespace(kube: Kube, namespace: str, keeper: KeyKeeper, settings:
             log.warning("namespace %s: writes refused for %s", namespace, ", ".join(sorted(failed)))
         kube.post_events(namespace, result.events, {m.name: m.uid for m in snap.manifests})
         keeper.record(namespace, result.signed_by)
+        if not snap.terminating:
+            decide_ledgers(kube, namespace, snap.approvals, settings.trust or keeper.keys.all_public())
     metrics.RECONCILES.labels("ok").inc()
     return True
+
+
+def decide_ledgers(kube: Kube, namespace: str, approvals: list[Any], trust: Any) -> None:
+    """Write the stamped decisions of Approvals that name ledger entries into those entries."""
+    now = datetime.now(UTC)
+    for ledger in sorted(ledger_targets(approvals)):
+        decisions = decisions_for(ledger, namespace, approvals, trust)
+        if decisions:
+            kube.update_ledger(namespace, ledger, lambda entries, d=decisions, name=ledger:  # type: ignore[misc]
+                               decide_entries(name, entries, d, now))
 
 
 def build_registry(config: Config, api: client.ApiClient) -> kopf.OperatorRegistry:

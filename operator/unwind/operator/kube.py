@@ -30,6 +30,7 @@ from .reconcile import Event, ManifestObject, Revision
 log = logging.getLogger("unwind.operator")
 PLURAL = "toolmanifests"
 APPROVALS = "approvals"
+LEDGERS = "effectledgers"
 MANAGED = {"app.kubernetes.io/managed-by": "unwind"}
 BUNDLE_LABEL = "unwind.dev/bundle"
 OWNER_LABEL = "unwind.dev/toolmanifest-uid"
@@ -195,6 +196,32 @@ class Kube:
                 manifests = []
             return scopes, header_secrets(manifests)
         return read
+
+    def update_ledger(self, namespace: str, name: str,
+                      change: Callable[[list[dict[str, Any]]], list[dict[str, Any]] | None]) -> int:
+        """Apply ``change`` to the entries of ledger ``name`` and each continuation page, writing
+        a page's status only when it changed (conditional on its resourceVersion: a
+        conflict is retried by the next reconcile). Returns the pages written."""
+        written, seen = 0, set()
+        page: str | None = name
+        while page and page not in seen:
+            seen.add(page)
+            try:
+                obj = _json(self.custom.get_namespaced_custom_object(
+                    API_GROUP, API_VERSION, namespace, LEDGERS, page, _preload_content=False))
+            except ApiException as exc:
+                if exc.status == 404:
+                    return written
+                raise
+            status = obj.get("status") or {}
+            entries = change(list(status.get("entries") or []))
+            if entries is not None:
+                obj["status"] = {**status, "entries": entries}
+                _discard(self.custom.replace_namespaced_custom_object_status(
+                    API_GROUP, API_VERSION, namespace, LEDGERS, page, obj, _preload_content=False))
+                written += 1
+            page = status.get("next")
+        return written
 
     # ---- write ----------------------------------------------------------------------
     def _each(self, items: Iterable[tuple[str, Any]], write: Callable[[Any], None],

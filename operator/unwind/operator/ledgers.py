@@ -1,0 +1,81 @@
+"""Approvals of calls, written into the ledger entries they decide (pure).
+
+A call that needs approval waits as an ``awaiting_approval`` entry of its run's
+EffectLedger, with its approval rules frozen in it. Approvers create Approvals naming the
+ledger and the entry (``kubectl unwind approve ledger/NAME --entry ID``); the admission
+webhook stamps each approver. The operator copies every *stamped* decision into the entry
+and tallies it with the same code the gateway and ``unwind approve --ledger`` use
+(``unwind.ledger.decide``), so the entry says approved, denied or still waiting and why; the
+gateway runs the call when the agent repeats it, or answers 403 ``denied``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from datetime import datetime
+from typing import Any
+
+from pydantic import ValidationError
+
+from ..api.resources import ApprovalSpec
+from ..ledger.decide import settle
+from ..ledger.entry import ApprovalDecision, Entry
+from ..registry.signing import TrustStore
+from .approval import ApprovalObject
+from .identity import stamped_identity
+
+
+def ledger_targets(approvals: Iterable[ApprovalObject]) -> set[str]:
+    """The EffectLedgers some Approval names."""
+    out = set()
+    for a in approvals:
+        target = (a.spec or {}).get("target") if isinstance(a.spec, dict) else None
+        if isinstance(target, dict) and isinstance(target.get("effectLedger"), str):
+            out.add(target["effectLedger"])
+    return out
+
+
+def decisions_for(ledger: str, namespace: str, approvals: Iterable[ApprovalObject],
+                  trust: TrustStore) -> dict[str, list[ApprovalDecision]]:
+    """Stamped decisions by entry id, for one ledger, in creation order."""
+    found: dict[str, list[ApprovalDecision]] = {}
+    for a in sorted(approvals, key=lambda a: (a.created, a.name)):
+        try:
+            spec = ApprovalSpec.model_validate(a.spec)
+        except ValidationError:
+            continue
+        if spec.target.effectLedger != ledger or not spec.target.entry:
+            continue
+        who, _ = stamped_identity("Approval", namespace, a.spec, a.annotations, trust)
+        if who is None:
+            continue  # written around the webhook: never counts
+        found.setdefault(spec.target.entry, []).append(ApprovalDecision(
+            name=a.name, user=who.user, groups=list(who.groups), decision=spec.decision,
+            reason=spec.reason or "", created=a.created))
+    return found
+
+
+def decide_entries(ledger: str, entries: Sequence[dict[str, Any]],
+                   decisions: dict[str, list[ApprovalDecision]], now: datetime) -> list[dict[str, Any]] | None:
+    """The page's entries with their decisions written in and tallied; None when nothing
+    changed (entries no decision names are passed through untouched)."""
+    out: list[dict[str, Any]] = []
+    changed = False
+    for raw in entries:
+        found = decisions.get(str(raw.get("id")))
+        if not found:
+            out.append(raw)
+            continue
+        try:
+            entry = Entry.model_validate(raw)
+        except ValidationError:
+            out.append(raw)
+            continue
+        if entry.approval is None or entry.state != "awaiting_approval" or entry.approval.decisions == found:
+            out.append(raw)
+            continue
+        approval = entry.approval.model_copy(update={"decisions": found})
+        decided = settle(ledger, entry.model_copy(update={"approval": approval}), now)
+        out.append(decided.to_json())
+        changed = True
+    return out if changed else None
