@@ -125,7 +125,8 @@ class Entry(_Model):
         # Empty strings are left out (the model fills them back in): the locally built
         # 1.20 API server reads "" inside a custom resource's list items as null and
         # refuses the write (docs/controlplane.md, known limits).
-        return _without_empty(self.model_dump(mode="json", exclude_none=True))
+        out: dict[str, Any] = _without_empty(self.model_dump(mode="json", exclude_none=True))
+        return out
 
 
 def _without_empty(value: Any) -> Any:
