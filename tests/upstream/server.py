@@ -6,7 +6,8 @@ misbehaves on demand, per route, through its admin endpoint:
 
     POST /_admin/behave {"route": "comments.create", "mode": "fail"|"hang"|"drop"|"not_json"|"ok",
                          "status": 500}
-    GET  /_admin/requests     {"count": N, "by_route": {...}, "requests": [...]}
+    GET  /_admin/requests     {"count": N, "by_route": {...}, "effects_by_route": {...},
+                               "requests": [...]} (an effect: a 2xx answer that was not a replay)
     POST /_admin/watch        {"ledger_dir": DIR}: every request records the ledger entries
                               (id, tool, state) found in DIR at the moment it arrived
     POST /_admin/reset
@@ -49,6 +50,7 @@ class Upstream:
         self.replays: dict[tuple[str, str], Any] = {}
         self.behaviour: dict[str, dict[str, Any]] = {}
         self.counts: Counter[str] = Counter()
+        self.effects: Counter[str] = Counter()  # handler runs that answered 2xx (not replays)
         self.requests: list[dict[str, Any]] = []
         self.ledger_dir: Path | None = None
 
@@ -97,6 +99,7 @@ class Upstream:
                 answer = await handler(request, args)
                 if isinstance(answer, web.StreamResponse):
                     return answer
+                self.effects[name] += 1
                 if key:
                     self.replays[(name, key)] = answer
             if mode == "drop":
@@ -194,7 +197,7 @@ class Upstream:
 
     async def listing(self, _: web.Request) -> web.Response:
         return web.json_response({"count": sum(self.counts.values()), "by_route": self.counts,
-                                  "requests": self.requests})
+                                  "effects_by_route": self.effects, "requests": self.requests})
 
     async def watch(self, request: web.Request) -> web.Response:
         self.ledger_dir = Path((await request.json())["ledger_dir"])
