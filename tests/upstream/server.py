@@ -4,8 +4,8 @@ Real HTTP (aiohttp), in memory. It honours ``Idempotency-Key`` (the same key ans
 first call's answer again, without a second effect), counts every request by route, and
 misbehaves on demand, per route, through its admin endpoint:
 
-    POST /_admin/behave {"route": "comments.create", "mode": "fail"|"hang"|"drop"|"not_json"|"ok",
-                         "status": 500}
+    POST /_admin/behave {"route": "comments.create", "mode": "fail"|"hang"|"drop"|"not_json"|"ok"
+                         |"slow", "status": 500, "delay": 0.1}
     GET  /_admin/requests     {"count": N, "by_route": {...}, "effects_by_route": {...},
                                "requests": [...]} (an effect: a 2xx answer that was not a replay)
     POST /_admin/watch        {"ledger_dir": DIR}: every request records the ledger entries
@@ -13,7 +13,8 @@ misbehaves on demand, per route, through its admin endpoint:
     POST /_admin/reset
 
 ``fail`` answers the status with the request body echoed in the error text (so a test can
-see that the gateway masks redacted values); ``hang`` never answers; ``drop`` applies the
+see that the gateway masks redacted values); ``hang`` never answers; ``slow`` answers
+as ``ok`` after ``delay`` seconds; ``drop`` applies the
 effect and closes the connection without an answer; ``not_json`` applies it and answers
 plain text.
 
@@ -88,6 +89,8 @@ class Upstream:
             mode = behave.get("mode", "ok")
             if mode == "hang":
                 await asyncio.sleep(3600)
+            if mode == "slow":  # then as ok
+                await asyncio.sleep(float(behave.get("delay", 0.1)))
             if mode == "fail":
                 return web.json_response(
                     {"error": f"{name} failed for {json.dumps(args, sort_keys=True)}"},
