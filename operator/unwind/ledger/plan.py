@@ -27,9 +27,10 @@ from datetime import datetime, timedelta
 from typing import Any, Literal
 
 from ..manifest.model import Effect, ToolManifest
-from ..manifest.refs import resolve_map
+from ..manifest.refs import Missing, Ref, parse_ref, resolve
 from .entry import Entry, Handle, parse_stamp, stamp
-from .report import deadline_ms, undo_of
+from .handle import kept_references, redacted_needs
+from .report import deadline_ms
 
 Action = Literal["inverse", "compensate", "discard", "skip", "not_undoable", "unrecoverable",
                  "lookup"]
@@ -141,14 +142,16 @@ def make_plan(ledger: str, entries: Sequence[Entry], versions: Versions, *,
     missing = [e for e in chosen if _needs_manifest(e) and versions.of(e)[0] is None]
     if missing:
         raise PlanError(_missing_versions(missing, versions))
-    steps = {e.id: plan_entry(e, versions, now) for e in chosen}
+    refs = _Refs()
+    steps = {e.id: plan_entry(e, versions, now, refs) for e in chosen}
     lookups = [steps[e.id] for e in reversed(chosen) if steps[e.id].action == "lookup"]
     rest = [e for e in _undo_order(chosen, versions) if steps[e.id].action != "lookup"]
     return Plan(ledger, tuple(lookups + [steps[e.id] for e in rest]))
 
 
-def plan_entry(entry: Entry, versions: Versions, now: datetime) -> Step:
+def plan_entry(entry: Entry, versions: Versions, now: datetime, refs: _Refs | None = None) -> Step:
     """The one step that undoes (or accounts for) one entry."""
+    refs = refs or _Refs()
     if entry.state in _NOTHING:
         return _report(entry, "skip", _NOTHING[entry.state])
     m, note = versions.of(entry)
@@ -156,16 +159,16 @@ def plan_entry(entry: Entry, versions: Versions, now: datetime) -> Step:
         return _report(entry, "unrecoverable", f"no manifest of {entry.tool} is known, neither "
                        f"the version it ran under ({_short(entry.checksum)}) nor today's")
     if entry.state in _UNKNOWN:
-        return _unknown(entry, m, note)
-    step = _undo(entry, m, now)
+        return _unknown(entry, m, note, refs)
+    step = _undo(entry, m, now, refs)
     again = {"undoing": "resumes an interrupted undo: ",
              "undo_failed": "retries a failed undo: "}.get(entry.state, "")
     if again and step.action in UNDOING:
         step = _with_reason(step, again + step.reason)
-    return _with_reason(step, step.reason + note)
+    return _with_reason(step, step.reason + note) if note else step
 
 
-def _undo(entry: Entry, m: ToolManifest, now: datetime) -> Step:
+def _undo(entry: Entry, m: ToolManifest, now: datetime, refs: _Refs) -> Step:
     if entry.staged is not None:
         discard = entry.staged.discard or (m.draft.discard if m.draft else None)
         if discard is None:
@@ -179,13 +182,16 @@ def _undo(entry: Entry, m: ToolManifest, now: datetime) -> Step:
     if m.effect == Effect.irreversible or c is None:
         return _report(entry, "not_undoable", f"{m.tool} is {m.effect}: nothing can undo it")
     handle = entry.handle or Handle()
-    undo, why = undo_of(m, handle, "succeeded", entry.key)
-    if undo is None:
-        return _report(entry, "unrecoverable", why or "the undo cannot be built from the ledger")
+    compiled = refs.of(m)
+    if compiled.masked:
+        return _report(entry, "unrecoverable", "the undo is unavailable: " + compiled.masked)
+    undo_args, missing = _resolve(compiled.undo, handle, entry.key)
+    if missing:
+        return _report(entry, "unrecoverable", "the undo is unavailable: " + "; ".join(missing))
     read_back = None
     if c.verification is not None:
         v = c.verification
-        args, missing = resolve_map(v.arguments, handle.args, handle.result, entry.key)
+        args, missing = _resolve(compiled.verification, handle, entry.key)
         if missing:
             return _report(entry, "unrecoverable", "the read-back cannot be built: "
                            + "; ".join(missing))
@@ -215,11 +221,11 @@ def _undo(entry: Entry, m: ToolManifest, now: datetime) -> Step:
         reason = f"{m.effect}: {c.tool} makes amends{verified}"
         if c.residue:
             reason += "; it leaves residue"
-    return Step(entry.id, entry.tool, kind, c.tool, dict(undo["arguments"]), tuple(c.residue),
+    return Step(entry.id, entry.tool, kind, c.tool, undo_args, tuple(c.residue),
                 c.requires_approval, reason, read_back, c.timeout_ms)
 
 
-def _unknown(entry: Entry, m: ToolManifest, note: str) -> Step:
+def _unknown(entry: Entry, m: ToolManifest, note: str, refs: _Refs) -> Step:
     """An entry whose outcome is unknown: found through the lookup, never guessed."""
     what = ("its answer was lost" if entry.state == "uncertain"
             else "its outcome was never recorded (the gateway stopped during the call)")
@@ -233,13 +239,55 @@ def _unknown(entry: Entry, m: ToolManifest, note: str) -> Step:
         return _report(entry, "unrecoverable", f"unresolvable: {what}, and {m.tool} declares "
                        f"no lookup to find out whether it acted{note}")
     h = entry.handle or Handle()
-    args, missing = resolve_map(m.lookup.arguments, h.args, h.result, entry.key)
+    args, missing = _resolve(refs.of(m).lookup, h, entry.key)
     if missing:
         return _report(entry, "unrecoverable", f"unresolvable: {what}, and the lookup cannot "
                        "be built: " + "; ".join(missing) + note)
     return Step(entry.id, entry.tool, "lookup", m.lookup.tool, args, (), False,
                 f"{what}: {m.lookup.tool} finds whether it acted (found: undone like any other; "
                 f"not found: it never happened){note}")
+
+
+class _Compiled:
+    """A manifest's references, parsed once per plan (parsing dominates a plan's time)."""
+
+    def __init__(self, m: ToolManifest) -> None:
+        c = m.compensation
+
+        def parse(refs: dict[str, Any]) -> list[tuple[str, Ref]]:
+            return [(name, parse_ref(raw)) for name, raw in refs.items()]
+        self.undo = parse(c.argument_map) if c else []
+        self.verification = parse(c.verification.arguments) if c and c.verification else []
+        self.lookup = parse(m.lookup.arguments) if m.lookup else []
+        needs = [(w, r) for w, r in kept_references(m) if w.startswith("compensation.argument_map.")]
+        self.masked = "; ".join(redacted_needs(m, needs))
+
+
+class _Refs:
+    def __init__(self) -> None:
+        self._by_id: dict[int, tuple[ToolManifest, _Compiled]] = {}
+
+    def of(self, m: ToolManifest) -> _Compiled:
+        found = self._by_id.get(id(m))
+        if found is None or found[0] is not m:
+            found = self._by_id[id(m)] = (m, _Compiled(m))
+        return found[1]
+
+
+def _resolve(refs: list[tuple[str, Ref]], handle: Handle,
+             key: str | None) -> tuple[dict[str, Any], list[str]]:
+    """As ``refs.resolve_map``, over parsed references: optional missing values are
+    dropped; each required missing value adds a reason."""
+    out: dict[str, Any] = {}
+    missing: list[str] = []
+    for name, ref in refs:
+        value = resolve(ref, handle.args, handle.result, key)
+        if isinstance(value, Missing):
+            if not ref.optional:
+                missing.append(f"{name}: {value.reason}")
+        else:
+            out[name] = value
+    return out, missing
 
 
 def _report(entry: Entry, action: Action, reason: str) -> Step:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
+from pydantic import TypeAdapter, ValidationError
 
 from ..ledger.entry import Entry
 from ..ledger.plan import Versions
@@ -25,6 +25,7 @@ from ..manifest.model import ToolManifest
 from ..manifest.validate import validate_manifest
 
 MAX_PAGES = 10_000
+ENTRIES = TypeAdapter(list[Entry])  # a page's entries at once: faster than one by one
 
 
 class SourceError(Exception):
@@ -94,14 +95,14 @@ def snapshot(first: list[Any], source: str, follow: Follow | None) -> Snapshot:
             pending.append(found)
     entries: list[Entry] = []
     for number, page in enumerate(pages, 1):
-        for i, raw in enumerate((page.get("status") or {}).get("entries") or []):
-            try:
-                entries.append(Entry.model_validate(raw))
-            except ValidationError as exc:
-                err = exc.errors()[0]
-                field = ".".join(str(x) for x in err["loc"])
-                raise SourceError(f"{source} (page {number}): status.entries[{i}].{field}: "
-                                  f"{err['msg']}") from None
+        try:
+            entries += ENTRIES.validate_python((page.get("status") or {}).get("entries") or [])
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            index, *rest = err["loc"] or ("?",)
+            field = "".join(f".{x}" for x in rest)
+            raise SourceError(f"{source} (page {number}): status.entries[{index}]{field}: "
+                              f"{err['msg']}") from None
     name = str(pages[0]["metadata"].get("name") or pages[0]["spec"]["run"])
     return Snapshot(name, str(pages[0]["spec"]["run"]), entries, pages, source)
 
