@@ -207,6 +207,90 @@ def cmd_undo_step(args: argparse.Namespace) -> int:
     return 0 if result["ok"] else 1
 
 
+# ---- ledger export / verify ----
+
+def _ledger_source(args: argparse.Namespace) -> tuple[Any, Any, str]:
+    """(snapshot, rollbacks, source) of a ledger FILE, or of a cluster EffectLedger NAME."""
+    from ..undo.sources import SourceError, read_ledger_file, snapshot
+
+    path = Path(args.ledger)
+    if path.is_file():
+        snap = read_ledger_file(path)
+        frozen = path.with_name(f"{snap.run}.rollback.json")
+        try:
+            rollbacks = json.loads(frozen.read_text(encoding="utf-8")).get("rollbacks")
+        except FileNotFoundError:
+            rollbacks = None
+        except (OSError, ValueError, AttributeError) as exc:
+            raise SourceError(f"{frozen}: cannot be read ({exc})") from None
+        return snap, rollbacks, str(path)
+    from .kubectl import Kubectl, KubectlError
+
+    name = args.ledger.split("/", 1)[1] if "/" in args.ledger else args.ledger
+    try:
+        kube = Kubectl.from_args(args)
+        first = kube.get("effectledger", name)
+        snap = snapshot([first], f"effectledger/{name}", lambda n: kube.get("effectledger", n))
+    except KubectlError as exc:
+        raise SourceError(f"{args.ledger} is not a file, and the cluster's EffectLedger "
+                          f"{name} cannot be read: {exc}") from None
+    # The operator keeps what its rollbacks ran in the first page's status.rollback.
+    rollbacks = (first.get("status") or {}).get("rollback")
+    return snap, rollbacks, f"effectledger/{name} in {kube.where}"
+
+
+def cmd_ledger_export(args: argparse.Namespace) -> int:
+    from ..ledger.entry import stamp
+    from ..registry.errors import RegistryError
+    from ..registry.signing import key_id, load_private_key
+    from ..undo.evidence import build, signed
+    from ..undo.sources import SourceError
+
+    try:
+        key = load_private_key(args.key)
+        snap, rollbacks, source = _ledger_source(args)
+    except RegistryError as exc:
+        return fail(args, "bad_key", str(exc))
+    except SourceError as exc:
+        return fail(args, "ledger", str(exc))
+    evidence = build(snap, rollbacks, stamp(), source)
+    document = signed(evidence, key)
+    text = json.dumps(document, ensure_ascii=False, indent=1) + "\n"
+    try:
+        Path(args.out).write_text(text, encoding="utf-8")
+    except OSError as exc:
+        return fail(args, "write", f"cannot write {args.out}: {exc.strerror or exc}")
+    print(f"wrote {args.out}: ledger {snap.name}, {len(evidence['entries'])} entries, "
+          f"{len(evidence['approvals'])} approvals, {len(evidence['steps'])} undo steps; signed "
+          f"by key {key_id(key.public_key())}")
+    return 0
+
+
+def cmd_ledger_verify(args: argparse.Namespace) -> int:
+    from ..registry.errors import RegistryError
+    from ..registry.signing import TrustStore
+    from ..undo.evidence import EvidenceError, verify
+
+    try:
+        trust = TrustStore.from_files(args.trust)
+    except RegistryError as exc:
+        return fail(args, "bad_key", str(exc))
+    try:
+        document = json.loads(Path(args.file).read_text(encoding="utf-8"))
+    except OSError as exc:
+        return fail(args, "not_evidence", f"cannot read {args.file}: {exc.strerror or exc}")
+    except ValueError as exc:
+        return fail(args, "not_evidence", f"{args.file} is not JSON ({exc})")
+    try:
+        evidence = verify(document, trust)
+    except EvidenceError as exc:
+        return fail(args, exc.code, f"{args.file}: {exc.code}: {exc.message}")
+    print(f"ok: evidence of ledger {evidence.get('ledger')} ({len(evidence.get('entries') or [])} "
+          f"entries), exported {evidence.get('exported')}, signed by key "
+          f"{document['signature']['key_id']}")
+    return 0
+
+
 # ---- registration ----
 
 def _plan_flags(p: argparse.ArgumentParser) -> None:
@@ -260,3 +344,27 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--secrets-dir", metavar="DIR", help="secrets as DIR/<name>/<key> files "
                    "(default $UNWIND_SECRETS_DIR; the environment is read too)")
     p.set_defaults(func=cmd_undo_step)
+
+    from .kubectl import add_kube_flags
+
+    ledger = sub.add_parser("ledger", help="signed evidence of a run: export and verify")
+    lsub = ledger.add_subparsers(dest="ledger_command", required=True, metavar="COMMAND")
+    p = lsub.add_parser("export", help="write a signed JSON evidence file of a run",
+                        description="Entries, approvals with identities, the plans its "
+                        "rollbacks ran and every step's outcome, signed with Ed25519. LEDGER is "
+                        "a ledger file, or the name of an EffectLedger in the cluster (read "
+                        "with kubectl).")
+    p.add_argument("ledger", metavar="NAME|FILE")
+    p.add_argument("--key", required=True, metavar="KEY", help="the Ed25519 private key "
+                   "(`unwind keygen PATH` makes PATH.key)")
+    p.add_argument("-o", "--out", required=True, metavar="OUT", help="the evidence file to write")
+    add_kube_flags(p)
+    p.set_defaults(func=cmd_ledger_export)
+    p = lsub.add_parser("verify", help="check an evidence file's digest and signature",
+                        description="Exit 0 when the evidence is intact and signed by a trusted "
+                        "key; else exit 1 with the code: not_evidence, digest_mismatch, "
+                        "unsigned, untrusted, bad_signature.")
+    p.add_argument("file", metavar="FILE")
+    p.add_argument("--trust", required=True, nargs="+", metavar="KEY", help="trusted public "
+                   "key files (PEM; `unwind keygen` makes PATH.pub)")
+    p.set_defaults(func=cmd_ledger_verify)
