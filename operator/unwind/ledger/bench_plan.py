@@ -22,10 +22,10 @@ from pydantic import TypeAdapter
 
 from ..manifest.canonical import checksum
 from ..manifest.model import ToolManifest
-from .entry import Entry, Handle, Staged, Times, stamp
+from .entry import Entry, Handle, Staged, State, Times, stamp
 from .plan import Versions, make_plan
 
-_MANIFESTS = [
+_MANIFESTS: list[dict[str, Any]] = [
     {"tool": "comment", "effect": "reversible",
      "compensation": {"tool": "delete_comment", "kind": "inverse",
                       "argument_map": {"repo": "$args.repo", "comment_id": "$result.id"},
@@ -63,7 +63,8 @@ def ledger(n: int, v: Versions) -> dict[str, Any]:
     for i in range(n):
         at = stamp(start + timedelta(milliseconds=37 * i))
         kind = i % 20
-        tool, state, handle, staged, key = "comment", "succeeded", Handle(), None, None
+        tool, handle, staged, key = "comment", Handle(), None, None
+        state: State = "succeeded"
         if kind < 6:
             handle = Handle(args={"repo": "octo/hello"}, result={"id": i})
         elif kind < 12:
@@ -83,7 +84,7 @@ def ledger(n: int, v: Versions) -> dict[str, Any]:
                             discard="delete_release")
         entries.append(Entry(id=f"e-{i:05d}", seq=i + 1, tool=tool, checksum=sums[tool],
                              effect=str(v.tools[tool].effect), key=key, actor="agent",
-                             state=state,  # type: ignore[arg-type]
+                             state=state,
                              handle=handle, staged=staged,
                              times=Times(requested=at, started=at, finished=at)).to_json())
     return {"apiVersion": "unwind.dev/v1alpha1", "kind": "EffectLedger",

@@ -33,7 +33,7 @@ class EvidenceError(Exception):
 def build(snapshot: Snapshot, rollbacks: Any, exported: str, source: str) -> dict[str, Any]:
     """The evidence of one run (unsigned)."""
     entries = [e.to_json() for e in snapshot.entries]
-    approvals = []
+    approvals: list[dict[str, Any]] = []
     for e in snapshot.entries:
         if e.approval is not None:
             a = e.approval
