@@ -227,3 +227,21 @@ def test_a_lookup_that_finds_nothing_marks_the_entry_failed_and_frees_its_key(
     name = lock_name("global", run=run_name, actor="agent", tool="stripe.create_charge",
                      key="charge-o-never")
     assert not (gateway.ledger / ".locks" / f"{name}.key").exists()
+
+
+def test_a_rollback_not_confirmed_runs_nothing_and_confirming_approves_its_steps(
+        gateway: GatewayProc, upstream: UpstreamProc, manifests: Path, run_name: str) -> None:
+    assert gateway.call("test.issue_closed_with_approval", ISSUE, run=run_name,
+                        key="a-1").status_code == 200
+    text = unwind("plan", "--ledger", ledger(gateway, run_name), "-m", manifests)
+    assert "needed" in text.out and "1 of 1 steps run, 1 need approval" in text.out
+    refused = unwind("rollback", "--ledger", ledger(gateway, run_name), "-m", manifests)
+    assert refused.code == 1 and "not confirmed" in refused.err
+    assert entries(gateway, run_name)["a-1"]["state"] == "succeeded"
+    assert upstream.count("issues.close") == 0
+    ran = unwind("rollback", "--ledger", ledger(gateway, run_name), "-m", manifests, "--yes",
+                 "--by", "carol")
+    assert ran.code == 0, ran.err
+    undo = entries(gateway, run_name)["a-1"]["undo"]
+    assert undo["by"] == "carol"
+    assert undo["approved_by"] == {"user": "carol", "identities": "self-declared"}
