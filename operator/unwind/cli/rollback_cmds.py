@@ -105,6 +105,7 @@ def format_plan(plan: Any) -> str:
 def cmd_rollback(args: argparse.Namespace) -> int:
     from ..gateway.secrets import LocalSecrets
     from ..ledger.plan import PlanError
+    from ..ledger.store import StoreUnavailable
     from ..undo.local import execute, open_ledger, plan_local
     from ..undo.sources import SourceError, load_versions
 
@@ -112,8 +113,9 @@ def cmd_rollback(args: argparse.Namespace) -> int:
         ledger = open_ledger(args.ledger)
         versions = load_versions(args.manifests, args.versions or (), current=args.current)
         selection = _selection(args)
-        plan = plan_local(ledger, versions, selection, _when(args))
-    except (SourceError, PlanError, ValueError) as exc:
+        moment = _when(args) if args.now else None
+        plan = plan_local(ledger, versions, selection, moment)
+    except (SourceError, PlanError, StoreUnavailable, ValueError) as exc:
         return fail(args, "rollback", str(exc))
     print(format_plan(plan), end="")
     if not plan.runnable():
@@ -135,8 +137,9 @@ def cmd_rollback(args: argparse.Namespace) -> int:
               f"{result['reason']}", flush=True)
     try:
         summary = asyncio.run(execute(ledger, plan, versions, selection, by=by,
-                                      secrets=LocalSecrets(args.secrets_dir), report=report))
-    except (SourceError, PlanError) as exc:
+                                      secrets=LocalSecrets(args.secrets_dir), report=report,
+                                      moment=moment))
+    except (SourceError, PlanError, StoreUnavailable) as exc:
         return fail(args, "rollback", str(exc))
     if summary.stopped is not None:
         s = summary.stopped

@@ -82,8 +82,9 @@ def plan_local(ledger: LocalLedger, versions: Versions, selection: Selection,
 
 async def execute(ledger: LocalLedger, plan: Plan, versions: Versions, selection: Selection, *,
                   by: str, secrets: Secrets, report: Report, sleep: Sleep | None = None,
-                  clock: Callable[[], datetime] = now) -> Summary:
-    """Run ``plan`` (shown to and confirmed by ``by``) and record every outcome."""
+                  clock: Callable[[], datetime] = now, moment: datetime | None = None) -> Summary:
+    """Run ``plan`` (shown to and confirmed by ``by``; made as of ``moment``, default now)
+    and record every outcome."""
     summary = Summary()
     upstream = Upstream()
     extra: dict[str, Any] = {"sleep": sleep} if sleep is not None else {}
@@ -102,7 +103,7 @@ async def execute(ledger: LocalLedger, plan: Plan, versions: Versions, selection
             found = found or result["outcome"] == "found"
         steps = list(plan.steps)
         if found:  # found entries take their place among the undos
-            steps = list(plan_local(ledger, versions, selection, clock()).steps)
+            steps = list(plan_local(ledger, versions, selection, moment or clock()).steps)
         summary.left = [s for s in steps if s.action in ("not_undoable", "unrecoverable")]
         for step in [s for s in steps if s.action in UNDOING]:
             result = await _undo(ledger, step, versions, by, upstream, secrets, extra, clock)
