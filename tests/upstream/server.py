@@ -4,15 +4,17 @@ Real HTTP (aiohttp), in memory. It honours ``Idempotency-Key`` (the same key ans
 first call's answer again, without a second effect), counts every request by route, and
 misbehaves on demand, per route, through its admin endpoint:
 
-    POST /_admin/behave {"route": "comments.create", "mode": "fail"|"hang"|"drop"|"not_json"|"ok",
-                         "status": 500}
-    GET  /_admin/requests     {"count": N, "by_route": {...}, "requests": [...]}
+    POST /_admin/behave {"route": "comments.create", "mode": "fail"|"hang"|"drop"|"not_json"|"ok"
+                         |"slow", "status": 500, "delay": 0.1}
+    GET  /_admin/requests     {"count": N, "by_route": {...}, "effects_by_route": {...},
+                               "requests": [...]} (an effect: a 2xx answer that was not a replay)
     POST /_admin/watch        {"ledger_dir": DIR}: every request records the ledger entries
                               (id, tool, state) found in DIR at the moment it arrived
     POST /_admin/reset
 
 ``fail`` answers the status with the request body echoed in the error text (so a test can
-see that the gateway masks redacted values); ``hang`` never answers; ``drop`` applies the
+see that the gateway masks redacted values); ``hang`` never answers; ``slow`` answers
+as ``ok`` after ``delay`` seconds; ``drop`` applies the
 effect and closes the connection without an answer; ``not_json`` applies it and answers
 plain text.
 
@@ -49,6 +51,7 @@ class Upstream:
         self.replays: dict[tuple[str, str], Any] = {}
         self.behaviour: dict[str, dict[str, Any]] = {}
         self.counts: Counter[str] = Counter()
+        self.effects: Counter[str] = Counter()  # handler runs that answered 2xx (not replays)
         self.requests: list[dict[str, Any]] = []
         self.ledger_dir: Path | None = None
 
@@ -86,6 +89,8 @@ class Upstream:
             mode = behave.get("mode", "ok")
             if mode == "hang":
                 await asyncio.sleep(3600)
+            if mode == "slow":  # then as ok
+                await asyncio.sleep(float(behave.get("delay", 0.1)))
             if mode == "fail":
                 return web.json_response(
                     {"error": f"{name} failed for {json.dumps(args, sort_keys=True)}"},
@@ -97,6 +102,7 @@ class Upstream:
                 answer = await handler(request, args)
                 if isinstance(answer, web.StreamResponse):
                     return answer
+                self.effects[name] += 1
                 if key:
                     self.replays[(name, key)] = answer
             if mode == "drop":
@@ -194,7 +200,7 @@ class Upstream:
 
     async def listing(self, _: web.Request) -> web.Response:
         return web.json_response({"count": sum(self.counts.values()), "by_route": self.counts,
-                                  "requests": self.requests})
+                                  "effects_by_route": self.effects, "requests": self.requests})
 
     async def watch(self, request: web.Request) -> web.Response:
         self.ledger_dir = Path((await request.json())["ledger_dir"])

@@ -56,6 +56,7 @@ _MODULE_COMMANDS = {"keygen": ("registry_cmds",), "manifests": ("registry_cmds",
                     "operator": ("cluster_cmds",), "dev": ("cluster_cmds",),
                     "rotate-signing-key": ("cluster_cmds",), "probe": ("cluster_cmds",),
                     "gateway": ("gateway_cmds",),
+                    **{c: ("rollback_cmds",) for c in ("plan", "rollback", "undo-step", "ledger")},
                     **{c: ("plugin_cmds",) for c in PLUGIN_COMMANDS}}
 
 
@@ -81,6 +82,8 @@ def _register_optional(sub: argparse._SubParsersAction[argparse.ArgumentParser],
         modules["plugin_cmds"].register(sub)
     if "gateway_cmds" in modules:
         modules["gateway_cmds"].register(sub)
+    if "rollback_cmds" in modules:
+        modules["rollback_cmds"].register(sub)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

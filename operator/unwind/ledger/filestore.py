@@ -473,6 +473,14 @@ class FileLocks:
             os.close(fd)
         return None
 
+    def release_entry_sync(self, name: str, run: str, entry: str) -> bool:
+        """Remove the lock if the entry ``entry`` of ``run`` holds it, whatever its ``since``
+        (a rollback frees the key of an entry it undid, or found never ran)."""
+        holder = self._holder(name)
+        if holder is None or (holder.run, holder.entry) != (run, entry):
+            return False
+        return self._remove_if(name, holder)
+
     def _holder(self, name: str) -> Holder | None:
         path = self.dir / f"{name}.key"
         try:

@@ -1,0 +1,407 @@
+"""The undo plan of a run: which step undoes each entry, in which order, and why.
+
+Pure: it reads a snapshot of the ledger's entries and the manifests, and calls nothing. An
+entry whose answer was lost shows as a ``lookup`` step; running the rollback resolves it
+(``unwind.undo``) and plans that entry again.
+
+Which manifest decides an entry's undo: the version the entry ran under, found by the
+checksum the gateway recorded (``Versions.by_checksum``), never today's, because the undo
+must match the call that was made. The tools the steps *call* (the undo, its read-back, the
+lookup, the discard) are taken from today's set (``Versions.tools``): they run now, at
+today's upstream. An entry whose version is not known refuses the plan (``PlanError``)
+unless ``current`` is set, which plans it with today's manifest of its tool and says so.
+
+The order (docs/rollback.md): lookups first (an uncertain entry must be found before its
+place among the undos is known), then the newest effect first, where an entry whose tool
+``requires`` another tool is undone before every entry of the required tool: the undo of
+what was built on top comes before the undo of what it was built on. Ties keep newest
+first; a cycle (only possible across manifest versions) falls back to newest first.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, Literal
+
+from ..manifest.model import Effect, ToolManifest
+from ..manifest.refs import Missing, Ref, parse_ref, resolve
+from .entry import Entry, Handle, parse_stamp, stamp
+from .handle import kept_references, redacted_needs
+from .report import deadline_ms
+
+Action = Literal["inverse", "compensate", "discard", "skip", "not_undoable", "unrecoverable",
+                 "lookup"]
+ACTIONS: tuple[Action, ...] = ("inverse", "compensate", "discard", "skip", "not_undoable",
+                               "unrecoverable", "lookup")
+# The actions that call something; the others are reported only.
+RUNNABLE: frozenset[Action] = frozenset({"inverse", "compensate", "discard", "lookup"})
+UNDOING: frozenset[Action] = frozenset({"inverse", "compensate", "discard"})
+
+
+class PlanError(Exception):
+    """The plan cannot be made (an unknown entry, missing manifest versions); the message
+    says what to give."""
+
+
+@dataclass(frozen=True)
+class ReadBack:
+    """The verification of an undo, resolved: call ``tool`` with ``arguments``, expect."""
+
+    tool: str
+    arguments: dict[str, Any]
+    expect: dict[str, Any]
+    retries: int
+    backoff_ms: int
+
+
+@dataclass(frozen=True)
+class Step:
+    entry: str
+    tool: str
+    action: Action
+    undo_tool: str | None
+    arguments: dict[str, Any] | None
+    residue: tuple[str, ...]
+    requires_approval: bool
+    reason: str
+    # Not in the plan's JSON; what the step runner needs besides it.
+    verification: ReadBack | None = None
+    timeout_ms: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """Exactly the documented fields (docs/rollback.md), in that order."""
+        return {"entry": self.entry, "tool": self.tool, "action": self.action,
+                "undo_tool": self.undo_tool, "arguments": self.arguments,
+                "residue": list(self.residue), "requires_approval": self.requires_approval,
+                "reason": self.reason}
+
+
+@dataclass(frozen=True)
+class Plan:
+    ledger: str
+    steps: tuple[Step, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"ledger": self.ledger, "steps": [s.to_json() for s in self.steps]}
+
+    def runnable(self) -> list[Step]:
+        return [s for s in self.steps if s.action in RUNNABLE]
+
+
+@dataclass(frozen=True)
+class Versions:
+    """The manifests a plan may use: every known version by checksum, and today's set by
+    tool (for the tools the steps call, and for ``current``)."""
+
+    by_checksum: Mapping[str, ToolManifest]
+    tools: Mapping[str, ToolManifest]
+    current: bool = False
+
+    def of(self, entry: Entry) -> tuple[ToolManifest | None, str]:
+        """The manifest that decides the entry's undo, and a note when it is not the
+        version the entry ran under ("" when it is)."""
+        if entry.checksum is not None and entry.checksum in self.by_checksum:
+            return self.by_checksum[entry.checksum], ""
+        today = self.tools.get(entry.tool)
+        if self.current and today is not None:
+            return today, (f" (planned with today's manifest of {entry.tool}: the version it "
+                           f"ran under, {_short(entry.checksum)}, was not given)")
+        return None, ""
+
+
+@dataclass(frozen=True)
+class Selection:
+    """Which entries to plan: all (the default), ``entries`` and what depends on them, or
+    those after ``since`` (an entry id: strictly after it; or an RFC 3339 time: at or
+    after it)."""
+
+    entries: tuple[str, ...] = ()
+    since: str | None = None
+
+
+# States whose call never reached an upstream, or whose effect is gone.
+_NOTHING: Mapping[str, str] = {
+    "refused": "the call was refused: nothing ran",
+    "awaiting_approval": "the call still waits for approval: nothing ran",
+    "denied": "the call was denied: nothing ran",
+    "failed": "the call failed: nothing to undo",
+    "undone": "already undone",
+}
+# States whose outcome is unknown: the upstream may have acted.
+_UNKNOWN = frozenset({"uncertain", "pending"})
+
+
+def make_plan(ledger: str, entries: Sequence[Entry], versions: Versions, *,
+              now: datetime, selection: Selection = Selection()) -> Plan:
+    """The ordered steps for the selected entries (see the module docstring)."""
+    ordered = sorted(entries, key=_when)  # oldest first
+    chosen = select(ordered, versions, selection)
+    missing = [e for e in chosen if _needs_manifest(e) and versions.of(e)[0] is None]
+    if missing:
+        raise PlanError(_missing_versions(missing, versions))
+    refs = _Refs()
+    steps = {e.id: plan_entry(e, versions, now, refs) for e in chosen}
+    lookups = [steps[e.id] for e in reversed(chosen) if steps[e.id].action == "lookup"]
+    rest = [e for e in _undo_order(chosen, versions) if steps[e.id].action != "lookup"]
+    return Plan(ledger, tuple(lookups + [steps[e.id] for e in rest]))
+
+
+def plan_entry(entry: Entry, versions: Versions, now: datetime, refs: _Refs | None = None) -> Step:
+    """The one step that undoes (or accounts for) one entry."""
+    refs = refs or _Refs()
+    if entry.state in _NOTHING:
+        return _report(entry, "skip", _NOTHING[entry.state])
+    m, note = versions.of(entry)
+    if m is None:
+        return _report(entry, "unrecoverable", f"no manifest of {entry.tool} is known, neither "
+                       f"the version it ran under ({_short(entry.checksum)}) nor today's")
+    if entry.state in _UNKNOWN:
+        return _unknown(entry, m, note, refs)
+    step = _undo(entry, m, now, refs)
+    again = {"undoing": "resumes an interrupted undo: ",
+             "undo_failed": "retries a failed undo: "}.get(entry.state, "")
+    if again and step.action in UNDOING:
+        step = _with_reason(step, again + step.reason)
+    return _with_reason(step, step.reason + note) if note else step
+
+
+def _undo(entry: Entry, m: ToolManifest, now: datetime, refs: _Refs) -> Step:
+    if entry.staged is not None:
+        discard = entry.staged.discard or (m.draft.discard if m.draft else None)
+        if discard is None:
+            return _report(entry, "not_undoable", f"a staged draft of {entry.staged.draft_tool}, "
+                           "and the manifest declares no discard tool")
+        return Step(entry.id, entry.tool, "discard", discard, dict(entry.staged.handle), (), False,
+                    f"a staged draft (never promoted): {discard} throws it away")
+    if m.effect in (Effect.read_only, Effect.idempotent):
+        return _report(entry, "skip", f"{m.tool} is {m.effect}: nothing to undo")
+    c = m.compensation
+    if m.effect == Effect.irreversible or c is None:
+        return _report(entry, "not_undoable", f"{m.tool} is {m.effect}: nothing can undo it")
+    handle = entry.handle or Handle()
+    compiled = refs.of(m)
+    if compiled.masked:
+        return _report(entry, "unrecoverable", "the undo is unavailable: " + compiled.masked)
+    undo_args, missing = _resolve(compiled.undo, handle, entry.key)
+    if missing:
+        return _report(entry, "unrecoverable", "the undo is unavailable: " + "; ".join(missing))
+    read_back = None
+    if c.verification is not None:
+        v = c.verification
+        args, missing = _resolve(compiled.verification, handle, entry.key)
+        if missing:
+            return _report(entry, "unrecoverable", "the read-back cannot be built: "
+                           + "; ".join(missing))
+        read_back = ReadBack(v.tool, args, dict(v.expect), v.retries, v.backoff_ms)
+    kind: Action = "inverse" if c.kind == "inverse" else "compensate"
+    # An interrupted inverse is finished with the same step even past the deadline: it
+    # may have been applied already, and its idempotency key makes the retry harmless.
+    resuming = entry.state == "undoing" and (entry.undo or {}).get("action") == "inverse"
+    if kind == "inverse" and c.deadline is not None and not resuming:
+        left = deadline_ms(m, handle, entry.times.finished)
+        if left is None or entry.times.finished is None:
+            return _report(entry, "unrecoverable", "the inverse's deadline cannot be read from "
+                           "the ledger (compensation.deadline names nothing in the handle)")
+        end = parse_stamp(entry.times.finished) + timedelta(milliseconds=left)
+        if now > end:
+            return _report(entry, "not_undoable", f"the inverse {c.tool} was possible until "
+                           f"{stamp(end)}, and the manifest declares no compensation for "
+                           "after the deadline")
+    verified = f", read back with {read_back.tool}" if read_back else ", not read back"
+    if kind == "inverse":
+        until = ""
+        if c.deadline is not None and entry.times.finished is not None:
+            left = deadline_ms(m, handle, entry.times.finished) or 0
+            until = f" (possible until {stamp(parse_stamp(entry.times.finished) + timedelta(milliseconds=left))})"
+        reason = f"{m.effect}: the inverse {c.tool} restores the prior state{until}{verified}"
+    else:
+        reason = f"{m.effect}: {c.tool} makes amends{verified}"
+        if c.residue:
+            reason += "; it leaves residue"
+    return Step(entry.id, entry.tool, kind, c.tool, undo_args, tuple(c.residue),
+                c.requires_approval, reason, read_back, c.timeout_ms)
+
+
+def _unknown(entry: Entry, m: ToolManifest, note: str, refs: _Refs) -> Step:
+    """An entry whose outcome is unknown: found through the lookup, never guessed."""
+    what = ("its answer was lost" if entry.state == "uncertain"
+            else "its outcome was never recorded (the gateway stopped during the call)")
+    if m.effect in (Effect.read_only, Effect.idempotent):
+        return _report(entry, "skip", f"{m.tool} is {m.effect}: nothing to undo, whatever "
+                       f"happened{note}")
+    if m.effect == Effect.irreversible:
+        return _report(entry, "not_undoable", f"{m.tool} is irreversible ({what}): nothing can "
+                       f"undo it{note}")
+    if m.lookup is None:
+        return _report(entry, "unrecoverable", f"unresolvable: {what}, and {m.tool} declares "
+                       f"no lookup to find out whether it acted{note}")
+    h = entry.handle or Handle()
+    args, missing = _resolve(refs.of(m).lookup, h, entry.key)
+    if missing:
+        return _report(entry, "unrecoverable", f"unresolvable: {what}, and the lookup cannot "
+                       "be built: " + "; ".join(missing) + note)
+    return Step(entry.id, entry.tool, "lookup", m.lookup.tool, args, (), False,
+                f"{what}: {m.lookup.tool} finds whether it acted (found: undone like any other; "
+                f"not found: it never happened){note}")
+
+
+class _Compiled:
+    """A manifest's references, parsed once per plan (parsing dominates a plan's time)."""
+
+    def __init__(self, m: ToolManifest) -> None:
+        c = m.compensation
+
+        def parse(refs: dict[str, Any]) -> list[tuple[str, Ref]]:
+            return [(name, parse_ref(raw)) for name, raw in refs.items()]
+        self.undo = parse(c.argument_map) if c else []
+        self.verification = parse(c.verification.arguments) if c and c.verification else []
+        self.lookup = parse(m.lookup.arguments) if m.lookup else []
+        needs = [(w, r) for w, r in kept_references(m) if w.startswith("compensation.argument_map.")]
+        self.masked = "; ".join(redacted_needs(m, needs))
+
+
+class _Refs:
+    def __init__(self) -> None:
+        self._by_id: dict[int, tuple[ToolManifest, _Compiled]] = {}
+
+    def of(self, m: ToolManifest) -> _Compiled:
+        found = self._by_id.get(id(m))
+        if found is None or found[0] is not m:
+            found = self._by_id[id(m)] = (m, _Compiled(m))
+        return found[1]
+
+
+def _resolve(refs: list[tuple[str, Ref]], handle: Handle,
+             key: str | None) -> tuple[dict[str, Any], list[str]]:
+    """As ``refs.resolve_map``, over parsed references: optional missing values are
+    dropped; each required missing value adds a reason."""
+    out: dict[str, Any] = {}
+    missing: list[str] = []
+    for name, ref in refs:
+        value = resolve(ref, handle.args, handle.result, key)
+        if isinstance(value, Missing):
+            if not ref.optional:
+                missing.append(f"{name}: {value.reason}")
+        else:
+            out[name] = value
+    return out, missing
+
+
+def _report(entry: Entry, action: Action, reason: str) -> Step:
+    return Step(entry.id, entry.tool, action, None, None, (), False, reason)
+
+
+def _with_reason(step: Step, reason: str) -> Step:
+    return Step(step.entry, step.tool, step.action, step.undo_tool, step.arguments, step.residue,
+                step.requires_approval, reason, step.verification, step.timeout_ms)
+
+
+# ---- selection and order ----
+
+def _when(entry: Entry) -> tuple[str, int]:
+    """When the effect happened (started, else requested; RFC 3339 in UTC with
+    milliseconds sorts as text), then the run's order."""
+    return entry.times.started or entry.times.requested, entry.seq
+
+
+def select(ordered: Sequence[Entry], versions: Versions, selection: Selection) -> list[Entry]:
+    """The selected entries, oldest first."""
+    if selection.entries and selection.since is not None:
+        raise PlanError("give either entries or since, not both")
+    if selection.since is not None:
+        return _since(ordered, selection.since)
+    if not selection.entries:
+        return list(ordered)
+    known = {e.id for e in ordered}
+    unknown = [i for i in selection.entries if i not in known]
+    if unknown:
+        raise PlanError(f"no entry {', '.join(unknown)} in this ledger")
+    chosen = set(selection.entries)
+    tools: set[str] = set()  # tools with a chosen entry so far (oldest first)
+    out: list[Entry] = []
+    for e in ordered:
+        if e.id not in chosen and tools.intersection(_requires(e, versions)):
+            chosen.add(e.id)  # it required a chosen entry's tool, later in the run
+        if e.id in chosen:
+            out.append(e)
+            tools.add(e.tool)
+    return out
+
+
+def _since(ordered: Sequence[Entry], since: str) -> list[Entry]:
+    for i, e in enumerate(ordered):
+        if e.id == since:
+            return list(ordered[i + 1:])
+    try:
+        moment = stamp(parse_stamp(since))
+    except ValueError:
+        raise PlanError(f"since {since!r} is neither an entry of this ledger nor an RFC 3339 "
+                        "time (2026-01-31T10:00:00Z)") from None
+    return [e for e in ordered if _when(e)[0] >= moment]
+
+
+def _requires(entry: Entry, versions: Versions) -> list[str]:
+    m = versions.of(entry)[0]
+    return [r.tool for r in m.requires] if m is not None else []
+
+
+def _undo_order(chosen: Sequence[Entry], versions: Versions) -> list[Entry]:
+    """Newest first, except that every entry of a tool T waits until no entry whose tool
+    requires T is left (a Kahn topological sort over tools, O(n log n))."""
+    newest = list(reversed(chosen))
+    requires = {e.id: _requires(e, versions) for e in newest}
+    blocking: dict[str, int] = {}  # tool -> entries left whose tool requires it
+    for e in newest:
+        for t in requires[e.id]:
+            blocking[t] = blocking.get(t, 0) + 1
+    waiting: dict[str, list[int]] = {}
+    ready: list[int] = []
+    for i, e in enumerate(newest):
+        if blocking.get(e.tool, 0):
+            waiting.setdefault(e.tool, []).append(i)
+        else:
+            ready.append(i)
+    heapq.heapify(ready)
+    out: list[Entry] = []
+    done: set[int] = set()
+    while len(out) < len(newest):
+        if not ready:  # a cycle across versions: the rest newest first
+            ready = [i for i in range(len(newest)) if i not in done]
+            heapq.heapify(ready)
+            waiting.clear()
+        i = heapq.heappop(ready)
+        if i in done:
+            continue
+        done.add(i)
+        out.append(newest[i])
+        for t in requires[newest[i].id]:
+            blocking[t] -= 1
+            if blocking[t] == 0:
+                for j in waiting.pop(t, []):
+                    heapq.heappush(ready, j)
+    return out
+
+
+# ---- missing versions ----
+
+def _needs_manifest(entry: Entry) -> bool:
+    return entry.state not in _NOTHING
+
+
+def _missing_versions(missing: Iterable[Entry], versions: Versions) -> str:
+    rows = list(missing)
+    shown = ", ".join(f"{e.id} ({e.tool} {_short(e.checksum)})" for e in rows[:5])
+    more = f" and {len(rows) - 5} more" if len(rows) > 5 else ""
+    today = [e for e in rows if e.tool in versions.tools]
+    hint = ("give the manifest files of those versions (--versions), or --current to plan "
+            "them with today's manifests" if today else
+            "give the manifest files of those versions (--versions)")
+    return (f"{len(rows)} {'entry ran' if len(rows) == 1 else 'entries ran'} under manifest "
+            f"versions that were not given: {shown}{more}; {hint}")
+
+
+def _short(checksum: str | None) -> str:
+    return checksum[:19] if checksum else "no checksum recorded"

@@ -1,0 +1,104 @@
+"""What the step runner (``unwind undo-step``) is given for one step, and its stable key.
+
+The input holds everything the runner needs and nothing it must look up: the plan step,
+the manifest of the tool it calls (today's: that is the upstream it reaches), the resolved
+read-back, the step's idempotency key, and for a lookup the manifest and handle of the
+entry (so the runner can return the completed handle). A Job passes it as one JSON value
+(env ``UNWIND_STEP``), so it is self-contained; the local rollback builds the same value.
+
+The key is derived from the ledger, the entry and the action, so every retry of a step,
+from any process, sends the same key and the upstream can deduplicate the undo.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from ..manifest.model import ToolManifest
+from .entry import Entry, Handle
+from .plan import Action, PlanError, Step, Versions
+
+FORMAT_VERSION: Literal[1] = 1
+
+
+def step_key(ledger: str, entry: str, action: str) -> str:
+    """``unwind-<action>-<32 hex>``: the same for every attempt of one step, distinct for
+    every other step; short enough for any upstream's key limit, a valid header value."""
+    digest = hashlib.sha256(f"{ledger}\0{entry}\0{action}".encode()).hexdigest()[:32]
+    return f"unwind-{action}-{digest}"
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class PlanStep(_Model):
+    entry: str
+    tool: str
+    action: Action
+    undo_tool: str | None
+    arguments: dict[str, Any] | None
+    residue: list[str] = Field(default_factory=list)
+    requires_approval: bool = False
+    reason: str = ""
+
+
+class ReadBackInput(_Model):
+    manifest: ToolManifest = Field(description="The read_only verification tool.")
+    arguments: dict[str, Any]
+    expect: dict[str, Any] = Field(min_length=1)
+    retries: int = Field(ge=1, le=10)
+    backoff_ms: int = Field(ge=0)
+
+
+class EffectInput(_Model):
+    manifest: ToolManifest = Field(description="The manifest the entry ran under.")
+    handle: Handle
+
+
+class StepInput(_Model):
+    version: Literal[1] = FORMAT_VERSION
+    ledger: str = Field(min_length=1)
+    step: PlanStep
+    idempotency_key: str | None = Field(None, description="Sent with an undo call; null for a lookup.")
+    manifest: ToolManifest = Field(description="The tool the step calls: the undo, discard or lookup tool.")
+    verification: ReadBackInput | None = None
+    timeout_ms: int | None = Field(None, description="compensation.timeout_ms, for whoever runs the step.")
+    effect: EffectInput | None = Field(None, description="A lookup step's entry: to complete its handle.")
+
+
+def step_input(ledger: str, step: Step, entry: Entry, versions: Versions) -> dict[str, Any]:
+    """The runner's input for one runnable step of a plan made with ``versions``."""
+    if step.action not in ("inverse", "compensate", "discard", "lookup") or step.undo_tool is None:
+        raise PlanError(f"the {step.action} step of entry {step.entry} runs nothing")
+    called = _today(versions, step.undo_tool, step)
+    out: dict[str, Any] = {
+        "version": FORMAT_VERSION, "ledger": ledger, "step": step.to_json(),
+        "idempotency_key": None if step.action == "lookup" else step_key(ledger, step.entry,
+                                                                          step.action),
+        "manifest": called.canonical_dict(), "verification": None, "timeout_ms": step.timeout_ms,
+        "effect": None,
+    }
+    v = step.verification
+    if v is not None:
+        out["verification"] = {"manifest": _today(versions, v.tool, step).canonical_dict(),
+                               "arguments": v.arguments, "expect": v.expect,
+                               "retries": v.retries, "backoff_ms": v.backoff_ms}
+    if step.action == "lookup":
+        m, _ = versions.of(entry)
+        if m is None:
+            raise PlanError(f"no manifest of {entry.tool} for entry {entry.id}")
+        out["effect"] = {"manifest": m.canonical_dict(),
+                         "handle": (entry.handle or Handle()).model_dump(mode="json")}
+    return out
+
+
+def _today(versions: Versions, tool: str, step: Step) -> ToolManifest:
+    m = versions.tools.get(tool)
+    if m is None:
+        raise PlanError(f"the {step.action} step of entry {step.entry} calls {tool}, which is not "
+                        "among today's manifests (-m): give its manifest")
+    return m

@@ -1,0 +1,192 @@
+"""Run one step of an undo plan: the call, then the read-back; or a lookup.
+
+The same function runs a step in a Job (``unwind undo-step``) and in the local rollback
+(``unwind rollback``), so both behave alike. It reaches upstreams through the gateway's
+``prepare``/``Upstream.send`` (URL placeholders, header secrets, the undo tool's own
+timeout and, for read_only and idempotent tools, its retries).
+
+The step's idempotency key goes where the called tool declares a carrier
+(``idempotency.carrier.header`` or ``.argument``), else in an ``Idempotency-Key`` header:
+the key is Unwind's own, so sending it costs nothing where it is ignored, and lets an
+upstream that honours the header deduplicate a retried undo. Lookups and read-backs are
+reads and carry no key.
+
+The result is one JSON object (docs/rollback.md, "The step runner"): whether the step
+succeeded, what the entry becomes, and why, with the first mismatch of a failed read-back.
+It always fits a Job's termination message (4096 bytes).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Awaitable, Callable
+from datetime import datetime
+from typing import Any
+
+from pydantic import ValidationError
+
+from ..gateway.errors import Refusal
+from ..gateway.secrets import Secrets
+from ..gateway.upstream import Answer, Upstream, prepare
+from ..ledger.entry import now, stamp
+from ..ledger.handle import build_handle
+from ..ledger.stepinput import StepInput
+from ..ledger.undo import first_mismatch
+from ..manifest.model import ToolManifest
+
+MESSAGE_LIMIT = 4096
+Sleep = Callable[[float], Awaitable[None]]
+
+
+def parse_step(data: Any) -> StepInput:
+    """The runner's input, or ValueError naming the first wrong field."""
+    try:
+        return StepInput.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "(the input)"
+        raise ValueError(f"the step input is not valid: {where}: {first['msg']}") from None
+
+
+async def run_step(spec: StepInput, upstream: Upstream, secrets: Secrets, *,
+                   sleep: Sleep = asyncio.sleep,
+                   clock: Callable[[], datetime] = now) -> dict[str, Any]:
+    """Run the step; the result as a JSON object (never raises for an upstream's failure)."""
+    started = stamp(clock())
+    step = spec.step
+    result: dict[str, Any] = {
+        "ok": False, "ledger": spec.ledger, "entry": step.entry, "action": step.action,
+        "tool": spec.manifest.tool, "idempotency_key": spec.idempotency_key,
+        "outcome": "", "entry_state": None, "reason": "", "first_mismatch": None,
+        "call": None, "verification": None, "started": started, "finished": started,
+    }
+    if step.action == "lookup":
+        await _lookup(spec, upstream, secrets, result)
+    elif step.action in ("inverse", "compensate", "discard"):
+        await _undo(spec, upstream, secrets, result, sleep)
+    else:
+        result.update(outcome="invalid_step", reason=f"a {step.action} step runs nothing")
+    result["finished"] = stamp(clock())
+    return result
+
+
+async def _undo(spec: StepInput, upstream: Upstream, secrets: Secrets, result: dict[str, Any],
+                sleep: Sleep) -> None:
+    m, step = spec.manifest, spec.step
+    args = dict(step.arguments or {})
+    headers: dict[str, str] = {}
+    carrier = m.idempotency.carrier if m.idempotency else None
+    if spec.idempotency_key is not None:
+        if carrier is not None and carrier.argument is not None:
+            args[carrier.argument] = spec.idempotency_key
+        else:
+            headers[carrier.header if carrier and carrier.header else "Idempotency-Key"] = \
+                spec.idempotency_key
+    answer = await _send(m, args, secrets, headers, upstream)
+    result["call"] = _call_record(answer)
+    if answer.kind != "ok":
+        result.update(outcome="undo_failed", entry_state="undo_failed",
+                      reason=f"{m.tool}: {_failure(answer)}")
+        return
+    v = spec.verification
+    if v is None:
+        result.update(ok=True, outcome="undone", entry_state="undone",
+                      reason=f"{m.tool} answered {answer.status}; no read-back is declared")
+        return
+    first: str | None = None
+    for attempt in range(1, v.retries + 1):
+        read = await _send(v.manifest, dict(v.arguments), secrets, {}, upstream)
+        mismatch = (first_mismatch(v.expect, read.data) if read.kind == "ok"
+                    else f"the read-back {v.manifest.tool} failed: {_failure(read)}")
+        first = first or mismatch
+        result["verification"] = {"tool": v.manifest.tool, "attempts": attempt,
+                                  "matched": mismatch is None}
+        if mismatch is None:
+            result.update(ok=True, outcome="undone", entry_state="undone",
+                          reason=f"{m.tool} answered {answer.status}; {v.manifest.tool} read it "
+                                 f"back as expected (attempt {attempt} of {v.retries})")
+            return
+        if attempt < v.retries:
+            await sleep(v.backoff_ms * 2 ** (attempt - 1) / 1000)
+    result.update(outcome="undo_failed", entry_state="undo_failed", first_mismatch=first,
+                  reason=f"{m.tool} answered {answer.status}, but the read-back "
+                         f"{v.manifest.tool} did not match in {v.retries} attempts: {first}")
+
+
+async def _lookup(spec: StepInput, upstream: Upstream, secrets: Secrets,
+                  result: dict[str, Any]) -> None:
+    m, step = spec.manifest, spec.step
+    answer = await _send(m, dict(step.arguments or {}), secrets, {}, upstream)
+    result["call"] = _call_record(answer)
+    if answer.kind == "ok":
+        if spec.effect is None:
+            result.update(outcome="invalid_step", reason="a lookup step needs effect (the "
+                          "entry's manifest and handle) to complete the handle")
+            return
+        e = spec.effect
+        handle = build_handle(e.manifest, e.handle.args, answer.data)
+        result.update(ok=True, outcome="found", entry_state="succeeded",
+                      handle=handle.model_dump(mode="json"),
+                      reason=f"{m.tool} found the effect ({answer.status}): the call did act; "
+                             "its handle is completed from the answer")
+    elif answer.kind == "error_status" and answer.status == 404:
+        result.update(ok=True, outcome="not_found", entry_state="failed",
+                      reason=f"{m.tool} answered 404: the call never acted, the entry is failed")
+    else:
+        result.update(outcome="lookup_failed", entry_state="uncertain",
+                      reason=f"{m.tool}: {_failure(answer)}; the entry stays uncertain")
+
+
+async def _send(m: ToolManifest, args: dict[str, Any], secrets: Secrets, headers: dict[str, str],
+                upstream: Upstream) -> Answer:
+    try:
+        prepared = prepare(m, args, secrets, headers)
+    except Refusal as refusal:
+        return Answer("not_sent", text=refusal.message, sent=False)
+    return await upstream.send(prepared)
+
+
+def _call_record(a: Answer) -> dict[str, Any]:
+    return {"status": a.status, "kind": a.kind, "attempts": a.attempts}
+
+
+def _failure(a: Answer) -> str:
+    if a.kind == "error_status":
+        body = json.dumps(a.data, sort_keys=True)[:300] if a.data is not None else a.text[:300]
+        return f"the upstream answered {a.status}: {body}"
+    if a.kind == "not_json":
+        return f"the upstream answered {a.status} with a body that is not JSON"
+    return a.text or a.kind
+
+
+def fit(result: dict[str, Any], limit: int = MESSAGE_LIMIT) -> str:
+    """The result as one JSON line of at most ``limit`` bytes: long texts are cut first; a
+    lookup's handle that still does not fit fails the step (it cannot be reported)."""
+    line = _dump(result)
+    if len(line.encode()) <= limit:
+        return line
+    cut = dict(result)
+    for name in ("reason", "first_mismatch"):
+        if isinstance(cut.get(name), str):
+            cut[name] = cut[name][:400] + "..."
+    line = _dump(cut)
+    if len(line.encode()) <= limit:
+        return line
+    if "handle" in cut:
+        cut.pop("handle")
+        cut.update(ok=False, outcome="lookup_failed", entry_state="uncertain",
+                   reason="the effect was found, but its handle is larger than a termination "
+                          f"message ({limit} bytes): the entry stays uncertain")
+    line = _dump(cut)
+    if len(line.encode()) <= limit:
+        return line
+    keep = ("ok", "ledger", "entry", "action", "tool", "outcome", "entry_state", "started",
+            "finished")
+    short = {k: cut.get(k) for k in keep}
+    short["reason"] = str(cut.get("reason") or "")[:200]
+    return _dump(short)
+
+
+def _dump(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), sort_keys=False)
