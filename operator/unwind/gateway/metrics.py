@@ -28,6 +28,10 @@ class Metrics:
                                        registry=self.registry)
         self.catalogue = Gauge("unwind_gateway_catalogue_info", "The catalogue (bundle) served: "
                                "1 for its generation.", ["generation"], registry=self.registry)
+        self.catalogue_refusals = Counter(
+            "unwind_gateway_catalogue_refusals", "Bundles refused, by code (bad_signature, "
+            "rollback, shard_mismatch, ...; unreachable: the API server could not be read); the "
+            "previous bundle keeps serving.", ["code"], registry=self.registry)
         self.ready = Gauge("unwind_gateway_catalogue_ready", "1 when a valid catalogue is served.",
                            registry=self.registry)
 
