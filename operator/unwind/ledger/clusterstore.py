@@ -35,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import random
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -46,7 +47,7 @@ from .store import Change, EntryExists, EntryMissing, Holder, StoreUnavailable, 
 
 log = logging.getLogger("unwind.ledger")
 PAGE_BYTES = 16 << 10
-MAX_ATTEMPTS = 8
+MAX_ATTEMPTS = 30
 RUN_LABEL = f"{API_GROUP}/run"
 
 
@@ -160,19 +161,25 @@ class ClusterStore:
 
     async def get(self, run: str, entry_id: str) -> Entry | None:
         """Read from the API server every time: someone else (the operator writing approval
-        decisions, another gateway) may have changed the entry since this process saw it."""
-        state = await self._loaded(run)
-        page = state.find(entry_id)
-        if page is not None and page is not state.pages[-1]:
-            await self._refresh(run, state, page)
+        decisions, another gateway) may have changed the entry since this process saw it.
+        Reads leave the write path's pages alone (a batch may be between its reads and its
+        PUTs); they only use what it knows to go straight to the right page."""
+        state = self._runs.get(run)
+        known = state.find(entry_id) if state is not None and state.loaded else None
+        if known is not None and state is not None and known is not state.pages[-1]:
+            name: str | None = known.name  # a full page: its entries stay on it
         else:
-            await self._refresh_tail(run, state)
-            page = state.find(entry_id)
-        if page is None:
-            return None
-        entries = await self._entries_of(run, state, page)
-        at = page.index.get(entry_id)
-        return None if at is None else Entry.model_validate(entries[at])
+            name = state.pages[-1].name if state is not None and state.loaded and state.pages else run
+        while name is not None:
+            obj = await self._read(name)
+            if obj is None:
+                return None
+            status = obj.get("status") or {}
+            for entry in status.get("entries") or []:
+                if entry.get("id") == entry_id:
+                    return Entry.model_validate(entry)
+            name = status.get("next")
+        return None
 
     async def create(self, run: str, entry: Entry) -> Entry:
         async def apply(work: _Work) -> tuple[_Page, Any]:
@@ -254,13 +261,6 @@ class ClusterStore:
             follow.absorb(obj)
             state.pages.append(follow)
             page = follow
-
-    async def _refresh_tail(self, run: str, state: _Run) -> None:
-        if state.pages:
-            await self._refresh(run, state, state.pages[-1])
-        else:
-            state.loaded = False
-            await self._loaded(run)
 
     async def _entries_of(self, run: str, state: _Run, page: _Page) -> list[dict[str, Any]]:
         if page.entries is None:
@@ -355,7 +355,9 @@ class ClusterStore:
 
     async def _write(self, run: str, ops: list[_Op]) -> None:
         todo = ops
-        for _ in range(MAX_ATTEMPTS):
+        for attempt in range(MAX_ATTEMPTS):
+            if attempt:  # another writer won the page: let it finish before trying again
+                await asyncio.sleep(random.uniform(0, min(0.2, 0.01 * attempt)))
             state = await self._loaded(run)
             if any(op.creates for op in todo):
                 if not state.pages:
@@ -424,7 +426,7 @@ class _Work:
                 raise EntryExists(Entry.model_validate(existing))
         before = sum(p.count for p in self.state.pages[:-1])
         stored = entry.model_copy(update={"seq": before + len(entries) + 1})
-        entries.append(stored.to_json())
+        entries.append(compact_entry(stored.to_json()))
         return tail, stored
 
     async def update(self, entry_id: str, change: Change) -> tuple[_Page, Entry]:
@@ -442,8 +444,25 @@ class _Work:
         new = change(Entry.model_validate(entries[at]))
         if new.id != entry_id:
             raise ValueError("a change may not alter an entry's id")
-        entries[at] = new.to_json()
+        entries[at] = compact_entry(new.to_json())
         return page, new
+
+
+# Parts of an entry whose schema is open (x-kubernetes-preserve-unknown-fields): their values
+# are the caller's data and are written exactly as they are.
+_OPEN = frozenset({"handle", "report", "undo"})
+
+
+def compact_entry(value: Any) -> Any:
+    """The entry without empty-string fields in its typed parts. The local API server (1.20
+    built with a newer Go) refuses an empty string in a typed property of an array item as
+    ``null``; every such field of an entry has the empty string as its default, so leaving
+    it out reads back the same."""
+    if isinstance(value, dict):
+        return {k: v if k in _OPEN else compact_entry(v) for k, v in value.items() if v != ""}
+    if isinstance(value, list):
+        return [compact_entry(v) for v in value]
+    return value
 
 
 # ---- idempotency-key locks ----
