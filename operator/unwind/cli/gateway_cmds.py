@@ -156,6 +156,8 @@ def _cluster_parts(args: argparse.Namespace, metrics: Any) -> _Parts:
     catalogue = BundleCatalogue(kube, namespace, operator_ns, metrics,
                                 poll_s=args.bundle_poll_seconds)
     store = ClusterStore(kube, namespace, page_bytes=args.ledger_page_kib * 1024)
+    metrics.api_bytes.set_function(lambda: kube.bytes_sent)
+    metrics.ledger_api_writes.set_function(lambda: store.writes)
     logging.getLogger("unwind.gateway").info(
         "cluster mode: namespace %s, API server %s, trust from %s/unwind-trust, actor %s",
         namespace, config.server, operator_ns, actor)

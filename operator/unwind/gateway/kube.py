@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
 import os
 import ssl
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +31,7 @@ import aiohttp
 TOKEN_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 DEFAULT_TOKEN_FILE = TOKEN_DIR / "token"
 DEFAULT_TIMEOUT_S = 5.0
+log = logging.getLogger("unwind.gateway.kube")
 
 
 class KubeConfigError(Exception):
@@ -126,6 +129,7 @@ class KubeClient:
         if data is not None:
             headers["Content-Type"] = content_type
             self.bytes_sent += len(data)
+        started = time.perf_counter()
         try:
             async with self._session.request(method, self.config.server + path, data=data,
                                              headers=headers, ssl=self._ssl) as response:
@@ -135,6 +139,9 @@ class KubeClient:
             what = "timed out" if isinstance(exc, TimeoutError) else str(exc)
             raise KubeUnreachable(f"the API server {self.config.server} did not answer "
                                   f"{method} {path}: {what or type(exc).__name__}") from None
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("api %s %s %d %.1f ms, %d bytes sent", method, path, status,
+                      (time.perf_counter() - started) * 1000, len(data or b""))
         try:
             decoded = json.loads(raw) if raw else None
         except ValueError:
