@@ -27,6 +27,7 @@ from gateway_fixtures import (
     ClusterGateway,
     TcpProxy,
     prepare_namespace,
+    service_account_token,
     start_cluster_gateway,
 )
 from kubernetes import client
@@ -379,3 +380,35 @@ def test_the_gateway_refuses_to_start_in_cluster_mode_outside_a_pod(tmp_path: Pa
                        cwd=ROOT, env=bare, capture_output=True, text=True, timeout=60)
     assert r.returncode == 1
     assert "KUBERNETES_SERVICE_HOST" in r.stderr and "--manifests" in r.stderr
+
+
+def test_a_gateway_whose_rbac_is_revoked_mid_run_answers_503_naming_the_role(
+        agent_ns: tuple[str, str], control_plane: ControlPlane, k8s_api: client.ApiClient,
+        upstream: UpstreamProc, tmp_path: Path, run_name: str) -> None:
+    ns = agent_ns[0]
+    client.CoreV1Api(k8s_api).create_namespaced_service_account(ns, {"metadata": {"name": "revoked"}})
+    rbac = client.RbacAuthorizationV1Api(k8s_api)
+    rbac.create_namespaced_role_binding(ns, {
+        "metadata": {"name": "revoked-gateway"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "unwind-gateway"},
+        "subjects": [{"kind": "ServiceAccount", "name": "revoked", "namespace": ns}]})
+    token = service_account_token(k8s_api, ns, "revoked")
+    gw = start_cluster_gateway(control_plane, k8s_api, ns, token, tmp_path)
+    try:
+        issue = {"repo": "octo/hello", "title": "granted"}
+        assert gw.call("github.create_issue", issue, run=run_name, key="g-1").status_code == 200
+        rbac.delete_namespaced_role_binding("revoked-gateway", ns)
+
+        def denied() -> bool:
+            review = client.AuthorizationV1Api(k8s_api).create_subject_access_review({
+                "spec": {"user": f"system:serviceaccount:{ns}:revoked",
+                         "resourceAttributes": {"namespace": ns, "group": "unwind.dev",
+                                                "resource": "effectledgers", "verb": "get"}}})
+            return not review.status.allowed
+        wait_for("the revocation to take effect", denied)
+        r = gw.call("github.create_issue", {**issue, "title": "revoked"}, run=run_name, key="g-2")
+        assert r.status_code == 503 and error(r)["code"] == "ledger_unavailable"
+        assert "unwind-gateway" in error(r)["message"]
+        assert upstream.count() == 1
+    finally:
+        stop(gw.proc)

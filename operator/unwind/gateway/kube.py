@@ -98,7 +98,7 @@ class KubeClient:
     def __init__(self, config: InClusterConfig, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
         self.config = config
         self.timeout = aiohttp.ClientTimeout(total=timeout_s)
-        self._ssl = ssl.create_default_context(cafile=str(config.ca_file))
+        self._ssl: ssl.SSLContext | None = None  # made on the first request
         self._session: aiohttp.ClientSession | None = None
         self._token = ""
         self._token_sig: tuple[int, int, int] | None = None
@@ -124,6 +124,11 @@ class KubeClient:
         """(status, decoded JSON body). Raises KubeUnreachable when nothing answered."""
         if self._session is None or self._session.closed:
             self._session = aiohttp.ClientSession(timeout=self.timeout)
+        if self._ssl is None:
+            try:
+                self._ssl = ssl.create_default_context(cafile=str(self.config.ca_file))
+            except (OSError, ssl.SSLError) as exc:
+                raise KubeUnreachable(f"cannot use the CA {self.config.ca_file}: {exc}") from None
         data = None if body is None else json.dumps(body, separators=(",", ":")).encode("utf-8")
         headers = {"Authorization": f"Bearer {self.token()}", "Accept": accept}
         if data is not None:
