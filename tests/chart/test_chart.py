@@ -43,6 +43,14 @@ EXPECTED_CLUSTER_RULES = {
     ("", "events"): {"create", "patch"},
     ("events.k8s.io", "events"): {"create", "patch"},
 }
+# The gateway sidecar's rules (ClusterRole unwind-gateway, bound per namespace to agents).
+EXPECTED_GATEWAY_RULES = {
+    ("unwind.dev", "effectledgers"): {"get", "list", "watch", "create"},
+    ("unwind.dev", "effectledgers/status"): {"get", "update", "patch"},
+    ("coordination.k8s.io", "leases"): {"create", "get", "delete"},
+    ("", "configmaps"): {"get"},
+    ("unwind.dev", "approvals"): {"get", "list", "watch"},
+}
 EXPECTED_KEYS_RULES = {
     ("", "secrets"): {"get", "create", "update"},
     ("", "configmaps"): {"get", "create", "update"},
@@ -77,7 +85,13 @@ def only(objects: list[dict[str, Any]], kind: str) -> dict[str, Any]:
 
 
 def operator_role(objects: list[dict[str, Any]]) -> dict[str, Any]:
-    return next(o for o in objects if o["kind"] == "ClusterRole" and o["metadata"]["name"] == "unwind-operator")
+    return named(objects, "ClusterRole", "unwind-operator")
+
+
+def named(objects: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
+    found = [o for o in objects if o["kind"] == kind and o["metadata"]["name"] == name]
+    assert len(found) == 1, f"expected one {kind} {name}, found {len(found)}"
+    return found[0]
 
 
 def rules_table(role: dict[str, Any]) -> dict[tuple[str, str], set[str]]:
@@ -152,11 +166,14 @@ def test_the_chart_renders_every_object_with_default_values(chart: Any) -> None:
             "ClusterRole",
             "ClusterRole",
             "ClusterRole",
+            "ClusterRole",
             "ClusterRoleBinding",
             "Deployment",
             "MutatingWebhookConfiguration",
             "PodDisruptionBudget",
             "Role",
+            "Role",
+            "RoleBinding",
             "RoleBinding",
             "Service",
             "Service",
@@ -338,8 +355,7 @@ def test_the_cluster_role_grants_exactly_what_the_handlers_use(chart: Any) -> No
 def test_secrets_are_granted_only_by_a_role_in_the_release_namespace(chart: Any) -> None:
     objects = render(chart)
     assert ("", "secrets") not in rules_table(operator_role(objects))
-    role = only(objects, "Role")
-    assert role["metadata"]["name"] == "unwind-operator-keys"
+    role = named(objects, "Role", "unwind-operator-keys")
     assert role["metadata"]["namespace"] == NAMESPACE
     assert rules_table(role) == EXPECTED_KEYS_RULES
     readable = [r for r in role["rules"] if "secrets" in r["resources"] and "get" in r["verbs"]]
@@ -351,10 +367,11 @@ def test_both_roles_are_bound_to_the_operator_service_account(chart: Any) -> Non
     account = only(objects, "ServiceAccount")["metadata"]["name"]
     pod = only(objects, "Deployment")["spec"]["template"]["spec"]
     assert pod["serviceAccountName"] == account
-    for kind, role_kind in (("ClusterRoleBinding", "ClusterRole"), ("RoleBinding", "Role")):
-        binding = only(objects, kind)
+    for kind, role_kind, name in (("ClusterRoleBinding", "ClusterRole", "unwind-operator"),
+                                  ("RoleBinding", "Role", "unwind-operator-keys")):
+        binding = named(objects, kind, name)
         assert binding["roleRef"]["kind"] == role_kind
-        role = operator_role(objects) if role_kind == "ClusterRole" else only(objects, role_kind)
+        role = named(objects, role_kind, name)
         assert binding["roleRef"]["name"] == role["metadata"]["name"]
         assert binding["subjects"] == [
             {"kind": "ServiceAccount", "name": account, "namespace": NAMESPACE}
@@ -388,10 +405,61 @@ def test_people_view_and_edit_through_the_builtin_roles_but_approving_is_granted
     aggregates = {name: {k.rsplit("-", 1)[-1] for k in r["metadata"]["labels"] if "aggregate-to" in k}
                   for name, r in roles.items()}
     assert aggregates == {"unwind-operator": set(), "unwind-view": {"view", "edit", "admin"},
-                          "unwind-edit": {"edit", "admin"}, "unwind-approver": set()}
+                          "unwind-edit": {"edit", "admin"}, "unwind-approver": set(),
+                          "unwind-gateway": set()}
     approver = rules_table(roles["unwind-approver"])
     assert approver[("unwind.dev", "approvals")] == {"create", "get", "list", "watch"}
     assert "create" not in rules_table(roles["unwind-edit"])[("unwind.dev", "approvals")]
+
+
+def gateway_role(objects: list[dict[str, Any]]) -> dict[str, Any]:
+    return named(objects, "ClusterRole", "unwind-gateway")
+
+
+def test_the_gateway_role_grants_exactly_what_the_sidecar_uses(chart: Any) -> None:
+    role = gateway_role(render(chart))
+    assert rules_table(role) == EXPECTED_GATEWAY_RULES
+    assert not [k for k in role["metadata"]["labels"] if "aggregate-to" in k]  # bound on purpose
+
+
+def test_the_gateway_writes_ledgers_only_through_the_status_and_never_deletes_them(chart: Any) -> None:
+    table = rules_table(gateway_role(render(chart)))
+    assert not {"update", "patch", "delete", "deletecollection"} & table[("unwind.dev", "effectledgers")]
+    assert table[("unwind.dev", "effectledgers/status")] == {"get", "update", "patch"}
+
+
+def test_the_gateway_may_create_get_and_delete_leases_and_nothing_more(chart: Any) -> None:
+    rules = [r for r in gateway_role(render(chart))["rules"] if "leases" in r["resources"]]
+    assert rules == [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+                      "verbs": ["create", "get", "delete"]}]
+
+
+def test_the_gateway_reads_only_the_bundles_configmaps_by_name(chart: Any) -> None:
+    from unwind.bundle import BUNDLE_NAME, shard_names
+
+    rules = [r for r in gateway_role(render(chart))["rules"] if "configmaps" in r["resources"]]
+    assert len(rules) == 1
+    assert rules[0]["verbs"] == ["get"]
+    assert rules[0]["resourceNames"] == [BUNDLE_NAME, *shard_names()]
+
+
+def test_the_gateway_reads_approvals_and_never_writes_them(chart: Any) -> None:
+    table = rules_table(gateway_role(render(chart)))
+    assert table[("unwind.dev", "approvals")] == {"get", "list", "watch"}
+
+
+def test_every_service_account_may_read_the_trust_configmap_and_nothing_else_there(chart: Any) -> None:
+    objects = render(chart)
+    role = named(objects, "Role", "unwind-trust-reader")
+    assert role["metadata"]["namespace"] == NAMESPACE
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["configmaps"],
+                              "resourceNames": ["unwind-trust"], "verbs": ["get"]}]
+    binding = named(objects, "RoleBinding", "unwind-trust-reader")
+    assert binding["metadata"]["namespace"] == NAMESPACE
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                                  "name": "unwind-trust-reader"}
+    assert binding["subjects"] == [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group",
+                                    "name": "system:serviceaccounts"}]
 
 
 def test_rbac_create_false_renders_no_rbac_objects(chart: Any) -> None:
@@ -405,7 +473,7 @@ def test_service_account_create_false_uses_the_named_account(chart: Any) -> None
     assert "ServiceAccount" not in {obj["kind"] for obj in objects}
     pod = only(objects, "Deployment")["spec"]["template"]["spec"]
     assert pod["serviceAccountName"] == "platform-unwind"
-    assert only(objects, "RoleBinding")["subjects"][0]["name"] == "platform-unwind"
+    assert named(objects, "RoleBinding", "unwind-operator-keys")["subjects"][0]["name"] == "platform-unwind"
 
 
 # --- values and schema ------------------------------------------------------------

@@ -69,11 +69,13 @@ def may(
     namespace: str | None = None,
     name: str | None = None,
     subresource: str | None = None,
+    user: str = OPERATOR,
 ) -> bool:
+    account_ns = user.split(":")[2] if user.startswith("system:serviceaccount:") else NAMESPACE
     review = client.V1SubjectAccessReview(
         spec=client.V1SubjectAccessReviewSpec(
-            user=OPERATOR,
-            groups=["system:serviceaccounts", f"system:serviceaccounts:{NAMESPACE}"],
+            user=user,
+            groups=["system:serviceaccounts", f"system:serviceaccounts:{account_ns}"],
             resource_attributes=client.V1ResourceAttributes(
                 verb=verb,
                 group=group,
@@ -180,3 +182,29 @@ def test_uninstall_removes_the_release_objects(
         assert cfg.list(name_filter=f"^{name}$") == []
     names = [r.metadata.name for r in rbac.list_cluster_role().items]
     assert "second-unwind-operator" not in names
+
+
+def test_an_agent_bound_to_the_gateway_role_writes_its_ledgers_status_and_reads_the_trust(
+        installed: dict[str, Any], api: Any) -> None:
+    agent = "system:serviceaccount:agents:agent"
+    core = client.CoreV1Api(api)
+    core.create_namespace({"metadata": {"name": "agents"}})
+    client.RbacAuthorizationV1Api(api).create_namespaced_role_binding("agents", {
+        "metadata": {"name": "agent-gateway"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "unwind-gateway"},
+        "subjects": [{"kind": "ServiceAccount", "name": "agent", "namespace": "agents"}]})
+    try:
+        ledger = {"group": "unwind.dev", "namespace": "agents", "user": agent}
+        assert may(api, "create", "effectledgers", **ledger)
+        assert may(api, "update", "effectledgers", subresource="status", name="run-1", **ledger)
+        assert not may(api, "update", "effectledgers", name="run-1", **ledger)  # spec: the rollback request
+        assert not may(api, "delete", "effectledgers", name="run-1", **ledger)
+        assert may(api, "create", "leases", group="coordination.k8s.io", namespace="agents", user=agent)
+        assert may(api, "get", "configmaps", namespace="agents", name="unwind-bundle-a-7", user=agent)
+        assert not may(api, "get", "configmaps", namespace="agents", name="other", user=agent)
+        assert not may(api, "create", "effectledgers", group="unwind.dev", namespace="payments", user=agent)
+        assert not may(api, "create", "approvals", **ledger)
+        assert may(api, "get", "configmaps", namespace=NAMESPACE, name="unwind-trust", user=agent)
+        assert not may(api, "update", "configmaps", namespace=NAMESPACE, name="unwind-trust", user=agent)
+    finally:
+        core.delete_namespace("agents")

@@ -9,7 +9,9 @@ misbehaves on demand, per route, through its admin endpoint:
     GET  /_admin/requests     {"count": N, "by_route": {...}, "effects_by_route": {...},
                                "requests": [...]} (an effect: a 2xx answer that was not a replay)
     POST /_admin/watch        {"ledger_dir": DIR}: every request records the ledger entries
-                              (id, tool, state) found in DIR at the moment it arrived
+                              (id, tool, state) found in DIR at the moment it arrived;
+                              {"kube": {"server", "token", "ca_file", "namespace"}}: the same
+                              from the namespace's EffectLedgers on the API server
     POST /_admin/reset
 
 ``fail`` answers the status with the request body echoed in the error text (so a test can
@@ -27,11 +29,13 @@ import argparse
 import asyncio
 import itertools
 import json
+import ssl
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 from aiohttp import web
 
 DEFAULT_PORT = 8788
@@ -54,10 +58,13 @@ class Upstream:
         self.effects: Counter[str] = Counter()  # handler runs that answered 2xx (not replays)
         self.requests: list[dict[str, Any]] = []
         self.ledger_dir: Path | None = None
+        self.kube: dict[str, str] | None = None
 
     # ---- bookkeeping ----
 
-    def snapshot(self) -> list[dict[str, Any]]:
+    async def snapshot(self) -> list[dict[str, Any]]:
+        if self.kube is not None:
+            return await self.kube_snapshot(self.kube)
         if self.ledger_dir is None:
             return []
         out = []
@@ -70,6 +77,20 @@ class Upstream:
                 out.append({"ledger": path.name, "id": e.get("id"), "tool": e.get("tool"),
                             "state": e.get("state")})
         return out
+
+    @staticmethod
+    async def kube_snapshot(kube: dict[str, str]) -> list[dict[str, Any]]:
+        """The entries of every EffectLedger in the namespace, as the API server has them
+        now (the gateway under test cannot have written anything after this read)."""
+        url = (f"{kube['server']}/apis/unwind.dev/v1alpha1/namespaces/{kube['namespace']}"
+               "/effectledgers")
+        ctx = ssl.create_default_context(cafile=kube["ca_file"])
+        async with aiohttp.ClientSession() as session, session.get(
+                url, headers={"Authorization": f"Bearer {kube['token']}"}, ssl=ctx) as r:
+            body = await r.json()
+        return [{"ledger": o["metadata"]["name"], "id": e.get("id"), "tool": e.get("tool"),
+                 "state": e.get("state")}
+                for o in body.get("items", []) for e in (o.get("status") or {}).get("entries", [])]
 
     def route(self, name: str, handler: Handler) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
         async def serve(request: web.Request) -> web.StreamResponse:
@@ -84,7 +105,7 @@ class Upstream:
             self.requests.append({"route": name, "method": request.method, "path": request.path,
                                   "idempotency_key": request.headers.get("Idempotency-Key"),
                                   "authorization": request.headers.get("Authorization"),
-                                  "arguments": args, "ledger": self.snapshot()})
+                                  "arguments": args, "ledger": await self.snapshot()})
             behave = self.behaviour.get(name, {})
             mode = behave.get("mode", "ok")
             if mode == "hang":
@@ -203,7 +224,11 @@ class Upstream:
                                   "effects_by_route": self.effects, "requests": self.requests})
 
     async def watch(self, request: web.Request) -> web.Response:
-        self.ledger_dir = Path((await request.json())["ledger_dir"])
+        spec = await request.json()
+        if "kube" in spec:
+            self.kube = {k: str(v) for k, v in spec["kube"].items()}
+        else:
+            self.ledger_dir = Path(spec["ledger_dir"])
         return web.json_response({"ok": True})
 
     async def do_reset(self, _: web.Request) -> web.Response:

@@ -1,7 +1,10 @@
-"""`unwind gateway` (local mode) and `unwind approve|deny --ledger FILE` (local approvals).
+"""`unwind gateway` (in a pod, or local mode) and `unwind approve|deny --ledger FILE`.
 
-Local mode is the gateway without a cluster: manifests from plain files (unsigned, and the
-log says so), one ledger file per run, secrets from a folder or the environment. Local
+In a pod (``--cluster``, or no ``--manifests``) the gateway reads the namespace's signed
+bundle and writes the run's EffectLedger through the API server, with the pod's
+ServiceAccount token. Local mode is the gateway without a cluster: manifests from plain
+files (unsigned, and the log says so), one ledger file per run, secrets from a folder or
+the environment. Local
 approvals write the decision into the ledger file; the approver's identity is whatever
 ``--by`` says (the entry records that identities are self-declared).
 """
@@ -14,7 +17,10 @@ import json
 import logging
 import os
 import sys
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Literal
 
 DEFAULT_LISTEN = "127.0.0.1:8787"
 
@@ -30,13 +36,11 @@ def cmd_gateway(args: argparse.Namespace) -> int:
     import uvicorn
 
     from ..gateway.app import build_app
-    from ..gateway.catalogue import LocalCatalogue
     from ..gateway.enforce import Gateway, Settings
+    from ..gateway.metrics import Metrics
     from ..gateway.secrets import LocalSecrets
     from ..gateway.upstream import Upstream
-    from ..ledger.filestore import FileLocks, FileStore, LedgerDirError
-    from ..ledger.memory import MemoryLocks, MemoryStore
-    from ..ledger.store import Locks, Store, run_problem
+    from ..ledger.store import run_problem
 
     logging.basicConfig(level=getattr(logging, args.log_level.upper()), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -51,35 +55,114 @@ def cmd_gateway(args: argparse.Namespace) -> int:
         return 1
     scopes = frozenset(s.strip() for s in (args.scopes or os.environ.get("UNWIND_SCOPES", "")).split(",")
                        if s.strip())
-    store: Store
-    locks: Locks
+    metrics = Metrics()
+    try:
+        parts = _cluster_parts(args, metrics) if args.cluster or not args.manifests \
+            else _local_parts(args)
+    except _SetupError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    logging.getLogger("httpx2").setLevel(logging.WARNING)  # one line per upstream call is ours
+    if not scopes:
+        logging.getLogger("unwind.gateway").warning(
+            "no --scopes: every call is refused (permission_denied); give e.g. --scopes "
+            "payments:write,repo:write (or '*' for all)")
+    settings = Settings(scopes=scopes, actor=parts.actor, identities=parts.identities)
+    secrets_dir = args.secrets_dir or os.environ.get("UNWIND_SECRETS_DIR") or None
+    gateway = Gateway(parts.catalogue, parts.store, parts.locks, Upstream(),
+                      LocalSecrets(secrets_dir), settings, metrics)
+    app = build_app(gateway, default_run=run, host=host, closers=parts.closers)
+    config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,
+                            lifespan="on", timeout_graceful_shutdown=5)
+    uvicorn.Server(config).run()
+    return 0
+
+
+class _SetupError(Exception):
+    """The gateway cannot start; the message says what to give it."""
+
+
+@dataclass
+class _Parts:
+    catalogue: Any
+    store: Any
+    locks: Any
+    actor: str
+    identities: Literal["kubernetes", "self-declared"]
+    closers: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
+
+
+def _local_parts(args: argparse.Namespace) -> _Parts:
+    """Local mode: plain manifest files (unsigned) and a folder of ledger files."""
+    from ..gateway.catalogue import LocalCatalogue
+    from ..ledger.filestore import FileLocks, FileStore, LedgerDirError
+    from ..ledger.memory import MemoryLocks, MemoryStore
+
+    store: Any
+    locks: Any
     if args.benchmark_memory_store:
         store, locks = MemoryStore(), MemoryLocks()
         logging.getLogger("unwind.gateway").warning("ledger in memory (benchmark only): "
                                                     "nothing is written ahead")
     else:
         if not args.ledger_dir:
-            print("error: --ledger-dir is required: the folder for the run ledgers", file=sys.stderr)
-            return 1
+            raise _SetupError("--ledger-dir is required: the folder for the run ledgers")
         try:
             store, locks = FileStore(args.ledger_dir), FileLocks(args.ledger_dir)
         except LedgerDirError as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 1
-    logging.getLogger("httpx2").setLevel(logging.WARNING)  # one line per upstream call is ours
-    catalogue = LocalCatalogue(args.manifests)
-    if not scopes:
-        logging.getLogger("unwind.gateway").warning(
-            "no --scopes: every call is refused (permission_denied); give e.g. --scopes "
-            "payments:write,repo:write (or '*' for all)")
-    settings = Settings(scopes=scopes, actor=args.actor or os.environ.get("UNWIND_ACTOR")
-                        or f"local:{getpass.getuser()}")
-    gateway = Gateway(catalogue, store, locks, Upstream(), LocalSecrets(args.secrets_dir), settings)
-    app = build_app(gateway, default_run=run, host=host)
-    config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,
-                            lifespan="on", timeout_graceful_shutdown=5)
-    uvicorn.Server(config).run()
-    return 0
+            raise _SetupError(str(exc)) from None
+    actor = args.actor or os.environ.get("UNWIND_ACTOR") or f"local:{getpass.getuser()}"
+    return _Parts(LocalCatalogue(args.manifests), store, locks, actor, "self-declared")
+
+
+def _cluster_parts(args: argparse.Namespace, metrics: Any) -> _Parts:
+    """Cluster mode: the namespace's signed bundle, the EffectLedger and Leases, all
+    through the API server with the pod's ServiceAccount token."""
+    from ..gateway.bundle_catalogue import BundleCatalogue
+    from ..gateway.kube import (
+        TOKEN_DIR,
+        InClusterConfig,
+        KubeClient,
+        KubeConfigError,
+        token_subject,
+    )
+    from ..ledger.clusterstore import ClusterStore, LeaseLocks
+
+    if args.manifests or args.ledger_dir or args.benchmark_memory_store:
+        raise _SetupError("--cluster reads the signed bundle and writes the EffectLedger: "
+                          "drop --manifests and --ledger-dir (they are local mode)")
+    try:
+        config = InClusterConfig.from_env(token_file=args.token_file, ca_file=args.ca_file)
+    except KubeConfigError as exc:
+        raise _SetupError(str(exc)) from None
+    namespace = args.namespace or os.environ.get("UNWIND_NAMESPACE")
+    if not namespace:
+        try:
+            namespace = (TOKEN_DIR / "namespace").read_text(encoding="utf-8").strip()
+        except OSError:
+            raise _SetupError("no namespace: set UNWIND_NAMESPACE (the injection does) or "
+                              "--namespace") from None
+    operator_ns = (args.operator_namespace or os.environ.get("UNWIND_OPERATOR_NAMESPACE")
+                   or "unwind-system")
+    kube = KubeClient(config, timeout_s=args.api_timeout)
+    try:
+        subject = token_subject(kube.token())
+    except KubeConfigError as exc:
+        raise _SetupError(str(exc)) from None
+    actor = args.actor or os.environ.get("UNWIND_ACTOR") or subject
+    if not actor:
+        raise _SetupError("no actor: set UNWIND_ACTOR (the injection sets the pod's "
+                          "system:serviceaccount:NS:NAME) or --actor")
+    catalogue = BundleCatalogue(kube, namespace, operator_ns, metrics,
+                                poll_s=args.bundle_poll_seconds)
+    store = ClusterStore(kube, namespace, page_bytes=args.ledger_page_kib * 1024)
+    metrics.api_bytes.set_function(lambda: kube.bytes_sent)
+    metrics.ledger_api_writes.set_function(lambda: store.writes)
+    logging.getLogger("unwind.gateway").info(
+        "cluster mode: namespace %s, API server %s, trust from %s/unwind-trust, actor %s",
+        namespace, config.server, operator_ns, actor)
+    return _Parts(catalogue, store, LeaseLocks(kube, namespace), actor, "kubernetes",
+                  [store.aclose, kube.aclose])
 
 
 def cmd_local_decide(args: argparse.Namespace) -> int:
@@ -126,24 +209,47 @@ def cmd_local_decide(args: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("gateway", help="run the gateway in local mode (no cluster)",
-                       description="Serve POST /call/<tool> and /mcp from plain manifest files, "
-                       "writing each run's ledger to <ledger-dir>/<run>.json before any upstream "
-                       "call. See docs/gateway.md.")
-    p.add_argument("--manifests", nargs="+", required=True, metavar="PATH",
-                   help="manifest files or folders (validated as a set, unsigned)")
-    p.add_argument("--ledger-dir", metavar="DIR", help="folder for the run ledgers (created if "
-                   "missing; must be writable)")
+    p = sub.add_parser("gateway", help="run the gateway: in a pod (--cluster) or locally "
+                       "(--manifests, --ledger-dir)",
+                       description="Serve POST /call/<tool> and /mcp, writing each call to the "
+                       "run's ledger before any upstream call. In a pod (--cluster, or no "
+                       "--manifests): the namespace's signed bundle and the EffectLedger, through "
+                       "the API server. Locally: plain manifest files and <ledger-dir>/<run>.json. "
+                       "See docs/gateway.md.")
+    p.add_argument("--cluster", action="store_true", help="in a pod: read the signed bundle and "
+                   "write EffectLedgers through the API server (the default without --manifests)")
+    p.add_argument("--manifests", nargs="+", metavar="PATH",
+                   help="local mode: manifest files or folders (validated as a set, unsigned)")
+    p.add_argument("--ledger-dir", metavar="DIR", help="local mode: folder for the run ledgers "
+                   "(created if missing; must be writable)")
     p.add_argument("--listen", default=DEFAULT_LISTEN, metavar="HOST:PORT",
                    help=f"where to listen (default {DEFAULT_LISTEN})")
     p.add_argument("--scopes", metavar="P1,P2", help="permissions calls may use, comma-separated "
                    "('*' for all; default UNWIND_SCOPES, else none)")
     p.add_argument("--actor", metavar="NAME", help="who the calls are made as (default "
-                   "UNWIND_ACTOR, else local:<user>)")
+                   "UNWIND_ACTOR, else the token's ServiceAccount in a pod, local:<user> locally)")
     p.add_argument("--run", metavar="NAME", help="the run when a request sends no X-Unwind-Run "
                    "(default UNWIND_RUN)")
     p.add_argument("--secrets-dir", metavar="DIR", help="secrets as DIR/<name>/<key> files "
-                   "(the environment's UNWIND_SECRET_<NAME>_<KEY> is read too)")
+                   "(default UNWIND_SECRETS_DIR; the environment's UNWIND_SECRET_<NAME>_<KEY> is "
+                   "read too)")
+    p.add_argument("--namespace", metavar="NS", help="in a pod: the pod's namespace (default "
+                   "UNWIND_NAMESPACE, else the ServiceAccount's namespace file)")
+    p.add_argument("--operator-namespace", metavar="NS", help="in a pod: where ConfigMap "
+                   "unwind-trust lives (default UNWIND_OPERATOR_NAMESPACE, else unwind-system)")
+    p.add_argument("--token-file", metavar="FILE", help="in a pod: the ServiceAccount token, read "
+                   "again when it changes (default UNWIND_TOKEN_FILE, else "
+                   "/var/run/secrets/kubernetes.io/serviceaccount/token)")
+    p.add_argument("--ca-file", metavar="FILE", help="in a pod: the API server's CA (default "
+                   "UNWIND_CA_FILE, else ca.crt beside the token)")
+    p.add_argument("--bundle-poll-seconds", type=float, default=2.0, metavar="S",
+                   help="in a pod: how often the bundle's root is checked for a change (default 2)")
+    p.add_argument("--ledger-page-kib", type=int, default=16, metavar="KIB",
+                   help="in a pod: a run continues in a new EffectLedger page past this size "
+                   "(default 16: every write rewrites the page)")
+    p.add_argument("--api-timeout", type=float, default=5.0, metavar="S",
+                   help="in a pod: the longest an API request may take; past it the call gets "
+                   "503 (default 5)")
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     p.add_argument("--benchmark-memory-store", action="store_true", help=argparse.SUPPRESS)
     p.set_defaults(func=cmd_gateway)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
 from mcp.server.streamable_http_manager import StreamableHTTPASGIApp, StreamableHTTPSessionManager
@@ -20,8 +20,8 @@ log = logging.getLogger("unwind.gateway")
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
-def build_app(gateway: Gateway, *, default_run: str | None = None,
-              host: str = "127.0.0.1") -> Starlette:
+def build_app(gateway: Gateway, *, default_run: str | None = None, host: str = "127.0.0.1",
+              closers: Sequence[Callable[[], Awaitable[None]]] = ()) -> Starlette:
     server = build_server(gateway, default_run)
     security = None
     if host in LOOPBACK:  # a page in a browser must not reach a loopback gateway (DNS rebinding)
@@ -35,8 +35,9 @@ def build_app(gateway: Gateway, *, default_run: str | None = None,
 
     @contextlib.asynccontextmanager
     async def lifespan(_: Any) -> AsyncIterator[None]:
-        await learn_schemas(gateway)
         c = gateway.catalogue
+        await c.start()
+        await learn_schemas(gateway)
         gateway.metrics.serving(c.generation, c.ready)
         if not c.ready:
             log.error("not ready: %s", c.problem)
@@ -44,7 +45,10 @@ def build_app(gateway: Gateway, *, default_run: str | None = None,
             try:
                 yield
             finally:
+                await c.aclose()
                 await gateway.upstream.aclose()
+                for close in closers:
+                    await close()
 
     return Starlette(routes=[*rest.routes(gateway, default_run),
                              Mount("/mcp", app=StreamableHTTPASGIApp(sessions))],

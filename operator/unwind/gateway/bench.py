@@ -8,7 +8,10 @@ call through the gateway: with the ledger in memory (ledger writes excluded) and
 file store (every call written ahead and finished, fsync'ed). The added latency is the
 gateway's p50/p99 minus the direct ones. Peak throughput is an unpaced run through the
 gateway. The gateway's RSS is read from /proc after the load (peak and current), and the
-RSS of importing what the gateway imports, alone. Last, one call at a time in-process
+RSS of importing what the gateway imports, alone. The last row runs the gateway in
+cluster mode on a local control plane of its own (``bench_cluster``): every call written
+ahead to the EffectLedger through the API server; it prints the bytes sent to the API
+server per call (``--no-cluster`` skips it). Last, one call at a time in-process
 (no HTTP server, no load generator): what the enforcement path itself costs per call.
 
 The load comes from ``hey`` when it is installed (Go, so the client costs the machine
@@ -201,6 +204,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=10, help="length of each paced run")
     parser.add_argument("--workers", type=int, default=10, help="concurrent client workers")
     parser.add_argument("--client", choices=("auto", "hey", "python"), default="auto")
+    parser.add_argument("--cluster-rate", type=int, help="paced calls per second of the "
+                        "EffectLedger row (default --rate)")
+    parser.add_argument("--no-cluster", action="store_true", help="skip the row with the ledger "
+                        "on a local API server (it starts a control plane of its own, ~20 s)")
     parser.add_argument("--serve-upstream", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.serve_upstream:
@@ -242,7 +249,15 @@ def main(argv: list[str] | None = None) -> int:
                 peak = load(url, 0, min(5.0, args.seconds), args.workers * 2)
                 rss, hwm = _rss_kb(proc.pid)
                 rows.append((label, paced, (peak, rss, hwm)))
+            ledger_stats = None
+            if not args.no_cluster:
+                ledger_stats = _cluster_row(args, load, up_port, rows)
             _print(args, direct, rows, bool(use_hey))
+            if ledger_stats is not None:
+                print(f"EffectLedger row: {ledger_stats[0] / 1024:.1f} KiB sent to the API server "
+                      f"per call, {ledger_stats[1]:.2f} ledger writes per call (paced run, "
+                      f"pages of {ledger_stats[2]} KiB); one call at a time in-process, "
+                      f"enforce + EffectLedger: {ledger_stats[3]:.1f} ms (median)")
             print("in-process, one call at a time (median ms per call):")
             for label, ms in _in_process(up_port, manifest, Path(tmp) / "ledger-in-process"):
                 print(f"  {label:28} {ms:6.3f}")
@@ -254,6 +269,41 @@ def main(argv: list[str] | None = None) -> int:
                 except subprocess.TimeoutExpired:
                     proc.kill()
     return 0
+
+
+def _cluster_row(args: argparse.Namespace, load: Callable[[str, int, float, int], Load],
+                 up_port: int, rows: list[tuple[str, Load, tuple[Load, int, int] | None]]
+                 ) -> tuple[float, float, int, float] | None:
+    """The gateway in cluster mode on a control plane of its own: the paced row, and the
+    bytes sent to the API server and the ledger writes per call during it."""
+    from . import bench_cluster
+
+    why = bench_cluster.available()
+    if why is not None:
+        print(f"EffectLedger row skipped: {why}")
+        return None
+    page_kib = 16
+    with bench_cluster.cluster_gateway(MANIFEST.format(port=up_port), _env(), _free_port(),
+                                       page_kib=page_kib) as gw:
+        url = f"http://127.0.0.1:{gw.port}/call/bench.echo"
+        rate = args.cluster_rate or args.rate
+        load(url, rate, 1, args.workers)
+        before = [gw.metric(n) for n in ("unwind_gateway_calls_total",
+                                         "unwind_gateway_api_request_bytes",
+                                         "unwind_gateway_ledger_api_writes")]
+        paced = load(url, rate, args.seconds, args.workers)
+        after = [gw.metric(n) for n in ("unwind_gateway_calls_total",
+                                        "unwind_gateway_api_request_bytes",
+                                        "unwind_gateway_ledger_api_writes")]
+        peak = load(url, 0, min(5.0, args.seconds), args.workers * 2)
+        rss, hwm = _rss_kb(gw.proc.pid)
+        manifest = Path(tempfile.mkdtemp(prefix="unwind-bench-")) / "bench.yaml"
+        manifest.write_text(MANIFEST.format(port=up_port))
+        one_at_a_time = bench_cluster.in_process_ms(gw, manifest)
+        label = "gateway, EffectLedger (API)" + (f" @{rate}/s" if rate != args.rate else "")
+        rows.append((label, paced, (peak, rss, hwm)))
+    calls = max(1.0, after[0] - before[0])
+    return (after[1] - before[1]) / calls, (after[2] - before[2]) / calls, page_kib, one_at_a_time
 
 
 def _print(args: argparse.Namespace, direct: Load, rows: list[tuple[str, Load, tuple[Load, int, int] | None]],

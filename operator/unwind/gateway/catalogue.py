@@ -2,8 +2,10 @@
 
 A ``Catalogue`` gives the manifests by tool and a label for what is loaded (its
 generation), and says whether it is ready. ``LocalCatalogue`` reads plain manifest files
-(local mode). A pod's catalogue reads the signed namespace bundle from mounted ConfigMaps
-and verifies it; it plugs in here without touching enforcement.
+(local mode). A pod's catalogue (``bundle_catalogue.BundleCatalogue``) reads the signed
+namespace bundle through the API and verifies it; it plugs in here without touching
+enforcement. ``start`` runs before the gateway serves (a first load, a poller) and
+``aclose`` when it stops.
 """
 
 from __future__ import annotations
@@ -46,6 +48,10 @@ class Catalogue(Protocol):
     def get(self, tool: str) -> Served | None: ...
 
     def tools(self) -> list[Served]: ...
+
+    async def start(self) -> None: ...
+
+    async def aclose(self) -> None: ...
 
 
 class LocalCatalogue:
@@ -100,3 +106,9 @@ class LocalCatalogue:
 
     def tools(self) -> list[Served]:
         return sorted(self._by_tool.values(), key=lambda s: s.manifest.tool)
+
+    async def start(self) -> None:
+        return None  # loaded in __init__: the files are read once
+
+    async def aclose(self) -> None:
+        return None

@@ -484,7 +484,7 @@ class Gateway:
         assert m is not None
         if a.kind == "ok":
             return "succeeded", None
-        text = mask_text(a.text, c.secrets)
+        text = mask_text(a.text, c.secrets) or f"the upstream of {m.tool}: {a.kind}"
         acted = a.may_have_acted and m.effect != Effect.read_only
         state = "uncertain" if acted else "failed"
         tried = f" after {a.attempts} attempts" if a.attempts > 1 else ""

@@ -28,6 +28,17 @@ class Metrics:
                                        registry=self.registry)
         self.catalogue = Gauge("unwind_gateway_catalogue_info", "The catalogue (bundle) served: "
                                "1 for its generation.", ["generation"], registry=self.registry)
+        self.catalogue_refusals = Counter(
+            "unwind_gateway_catalogue_refusals", "Bundles refused, by code (bad_signature, "
+            "rollback, shard_mismatch, ...; unreachable: the API server could not be read); the "
+            "previous bundle keeps serving.", ["code"], registry=self.registry)
+        # In a pod: what the gateway sends the API server (set from the client and the store).
+        self.api_bytes = Gauge("unwind_gateway_api_request_bytes", "Bytes of request bodies "
+                               "sent to the API server since start (ledger pages, Leases).",
+                               registry=self.registry)
+        self.ledger_api_writes = Gauge("unwind_gateway_ledger_api_writes", "EffectLedger writes "
+                                       "(creates and status updates) since start.",
+                                       registry=self.registry)
         self.ready = Gauge("unwind_gateway_catalogue_ready", "1 when a valid catalogue is served.",
                            registry=self.registry)
 

@@ -122,19 +122,7 @@ class Entry(_Model):
         return self.key is not None and self.state in HOLDING
 
     def to_json(self) -> dict[str, Any]:
-        # Empty strings are left out (the model fills them back in): the locally built
-        # 1.20 API server reads "" inside a custom resource's list items as null and
-        # refuses the write (docs/controlplane.md, known limits).
-        out: dict[str, Any] = _without_empty(self.model_dump(mode="json", exclude_none=True))
-        return out
-
-
-def _without_empty(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {k: _without_empty(v) for k, v in value.items() if v != ""}
-    if isinstance(value, list):
-        return [_without_empty(v) for v in value]
-    return value
+        return self.model_dump(mode="json", exclude_none=True)
 
 
 def now() -> datetime:

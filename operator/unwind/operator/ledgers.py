@@ -18,6 +18,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from ..api.resources import ApprovalSpec
+from ..ledger.clusterstore import compact_entry
 from ..ledger.decide import settle
 from ..ledger.entry import ApprovalDecision, Entry
 from ..registry.signing import TrustStore
@@ -76,6 +77,6 @@ def decide_entries(ledger: str, entries: Sequence[dict[str, Any]],
             continue
         approval = entry.approval.model_copy(update={"decisions": found})
         decided = settle(ledger, entry.model_copy(update={"approval": approval}), now)
-        out.append(decided.to_json())
+        out.append(compact_entry(decided.to_json()))  # as the gateway writes entries
         changed = True
     return out if changed else None

@@ -1,0 +1,541 @@
+"""The cluster ledger: a run's EffectLedger objects, and a Lease per idempotency key.
+
+``ClusterStore`` keeps a run's entries in the **status** of its EffectLedger in the pod's
+namespace (``spec`` holds only the run and the page; the rollback request is someone
+else's to write). Every write is a PUT of the status subresource carrying the
+``resourceVersion`` it was computed from: the API server refuses it with 409 when anyone
+(another gateway, the operator writing approval decisions) wrote in between, and the
+store then reads the page again and re-applies the same operations. So change functions
+must be pure functions of the entry they get (the ``Store`` contract).
+
+- The EffectLedger is created (spec only: a create ignores status) when the run's first
+  entry comes; 409 means it exists already.
+- Operations on one run that arrive while a write is under way are applied together in
+  the next write: many concurrent calls cost a few PUTs.
+- Every write rewrites the whole page, so a run continues in a linked page
+  (``<run>.p2``, ``status.next`` on the previous one) once a page passes ``page_bytes``:
+  long before the API server's 1.5 MiB limit, and small enough that the bytes written
+  per call stay low (the benchmark reports them). The next page is created before the
+  link to it is written, so a link never points at nothing.
+- Anything that stops a read or a write (the API server unreachable, 401/403, 5xx, a
+  refused object) raises ``StoreUnavailable``: the gateway answers 503 and calls nothing.
+
+``LeaseLocks`` holds an idempotency key with a ``coordination.k8s.io/v1`` Lease named
+``unwind-key-<hash>``: creating an object is atomic, so exactly one gateway, in any pod,
+wins a key. The holder's entry is the Lease's ``holderIdentity``; its run and the time it
+was taken ride in annotations. Releasing deletes it with a uid and resourceVersion
+precondition, so a lock taken again meanwhile is never removed by mistake.
+
+Pure of any HTTP library: the requests go through an ``Api`` (the gateway's aiohttp
+client), so this module stays in the ledger layer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import random
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+from urllib.parse import quote
+
+from .. import API_GROUP, API_VERSION
+from .entry import Entry, now, parse_stamp, stamp
+from .store import Change, EntryExists, EntryMissing, Holder, StoreUnavailable, page_name
+
+log = logging.getLogger("unwind.ledger")
+PAGE_BYTES = 16 << 10
+MAX_ATTEMPTS = 30
+RUN_LABEL = f"{API_GROUP}/run"
+
+
+class Api(Protocol):
+    async def request(self, method: str, path: str, body: Any = None, *,
+                      content_type: str = "application/json",
+                      accept: str = "application/json") -> tuple[int, Any]:
+        """(status, decoded JSON). Raises ConnectionError (an OSError) when nothing answered."""
+        ...
+
+
+class _Conflict(Exception):
+    """Someone wrote the page since it was read (409): read it again and re-apply."""
+
+
+def _problem(status: int, body: Any) -> str:
+    message = body.get("message", "") if isinstance(body, dict) else ""
+    if status in (401, 403):
+        return (f"the API server refused the gateway's ServiceAccount ({status}: {message}); "
+                "bind it to the ClusterRole unwind-gateway in this namespace")
+    return f"the API server answered {status}: {message}"
+
+
+async def _call(api: Api, method: str, path: str, body: Any = None, *,
+                ok: tuple[int, ...] = (200, 201), content_type: str = "application/json"
+                ) -> tuple[int, Any]:
+    """A request whose status is in ``ok``, 404 or 409; anything else is StoreUnavailable."""
+    try:
+        status, answer = await api.request(method, path, body, content_type=content_type)
+    except OSError as exc:
+        raise StoreUnavailable(str(exc) or type(exc).__name__) from None
+    if status in ok or status in (404, 409):
+        return status, answer
+    raise StoreUnavailable(_problem(status, answer))
+
+
+@dataclass
+class _Page:
+    name: str
+    number: int
+    rv: str = ""
+    entries: list[dict[str, Any]] | None = field(default_factory=list)  # None: not held
+    index: dict[str, int] = field(default_factory=dict)
+    next: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)  # status fields others write
+    size: int = 0  # bytes of the status as last read or written
+    count: int = 0
+
+    def absorb(self, obj: dict[str, Any]) -> None:
+        status = dict(obj.get("status") or {})
+        entries = status.pop("entries", None) or []
+        self.rv = str(obj["metadata"].get("resourceVersion", ""))
+        self.entries = list(entries)
+        self.index = {str(e.get("id")): i for i, e in enumerate(self.entries)}
+        self.next = status.pop("next", None)
+        for key in ("entryCount", "lastState"):
+            status.pop(key, None)
+        self.extra = status
+        self.count = len(self.entries)
+        self.size = len(_dump(self.status(self.entries)))
+
+    def status(self, entries: list[dict[str, Any]], next_page: str | None = None) -> dict[str, Any]:
+        out: dict[str, Any] = {**self.extra, "entries": entries, "entryCount": len(entries),
+                               "lastState": entries[-1].get("state") if entries else None}
+        link = next_page or self.next
+        if link:
+            out["next"] = link
+        return out
+
+
+@dataclass
+class _Run:
+    pages: list[_Page] = field(default_factory=list)
+    loaded: bool = False
+
+    def find(self, entry_id: str) -> _Page | None:
+        return next((p for p in self.pages if entry_id in p.index), None)
+
+
+@dataclass
+class _Op:
+    apply: Callable[[_Work], Awaitable[tuple[_Page, Any]]]
+    future: asyncio.Future[Any]
+    creates: bool = False
+
+
+def _dump(value: Any) -> bytes:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+
+def _newer(rv: str, than: str) -> bool:
+    if rv.isdigit() and than.isdigit():
+        return int(rv) >= int(than)
+    return True
+
+
+class ClusterStore:
+    """A run's entries in its EffectLedger pages in ``namespace`` (see the module docstring)."""
+
+    def __init__(self, api: Api, namespace: str, *, page_bytes: int = PAGE_BYTES) -> None:
+        self.api, self.namespace, self.page_bytes = api, namespace, page_bytes
+        self.base = (f"/apis/{API_GROUP}/{API_VERSION}/namespaces/{quote(namespace, safe='')}"
+                     "/effectledgers")
+        self._runs: dict[str, _Run] = {}
+        self._queued: dict[str, list[_Op]] = {}
+        self._draining: set[str] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.writes = 0  # PUTs and POSTs made, for the benchmark
+
+    # ---- the Store protocol ----
+
+    async def get(self, run: str, entry_id: str) -> Entry | None:
+        """Read from the API server every time: someone else (the operator writing approval
+        decisions, another gateway) may have changed the entry since this process saw it.
+        Reads leave the write path's pages alone (a batch may be between its reads and its
+        PUTs); they only use what it knows to go straight to the right page."""
+        state = self._runs.get(run)
+        known = state.find(entry_id) if state is not None and state.loaded else None
+        if known is not None and state is not None and known is not state.pages[-1]:
+            name: str | None = known.name  # a full page: its entries stay on it
+        else:
+            name = state.pages[-1].name if state is not None and state.loaded and state.pages else run
+        while name is not None:
+            obj = await self._read(name)
+            if obj is None:
+                return None
+            status = obj.get("status") or {}
+            for entry in status.get("entries") or []:
+                if entry.get("id") == entry_id:
+                    return Entry.model_validate(entry)
+            name = status.get("next")
+        return None
+
+    async def create(self, run: str, entry: Entry) -> Entry:
+        async def apply(work: _Work) -> tuple[_Page, Any]:
+            return await work.create(entry)
+        result: Entry = await self._submit(run, apply, creates=True)
+        return result
+
+    async def update(self, run: str, entry_id: str, change: Change) -> Entry:
+        async def apply(work: _Work) -> tuple[_Page, Any]:
+            return await work.update(entry_id, change)
+        result: Entry = await self._submit(run, apply)
+        return result
+
+    async def entries(self, run: str) -> list[Entry]:
+        selector = quote(f"{RUN_LABEL}={run}", safe="")
+        status, body = await _call(self.api, "GET", f"{self.base}?labelSelector={selector}")
+        if status != 200:
+            raise StoreUnavailable(_problem(status, body))
+        pages = [o for o in body.get("items", []) if (o.get("spec") or {}).get("run") == run]
+        pages.sort(key=lambda o: int((o.get("spec") or {}).get("page", 1)))
+        return [Entry.model_validate(e) for o in pages for e in (o.get("status") or {}).get("entries", [])]
+
+    async def aclose(self) -> None:
+        for task in list(self._tasks):
+            await task
+
+    # ---- pages ----
+
+    def _path(self, name: str, status: bool = False) -> str:
+        return f"{self.base}/{quote(name, safe='')}" + ("/status" if status else "")
+
+    async def _read(self, name: str) -> dict[str, Any] | None:
+        status, body = await _call(self.api, "GET", self._path(name))
+        if status == 404:
+            return None
+        if status != 200 or not isinstance(body, dict):
+            raise StoreUnavailable(_problem(status, body))
+        return body
+
+    async def _loaded(self, run: str) -> _Run:
+        """The run's pages, read by following ``next`` from page 1 the first time."""
+        state = self._runs.setdefault(run, _Run())
+        if not state.loaded:
+            state.pages = []
+            name: str | None = run
+            while name is not None:
+                obj = await self._read(name)
+                if obj is None:
+                    if state.pages:
+                        raise StoreUnavailable(f"the ledger page {name}, linked from "
+                                               f"{state.pages[-1].name}, is missing")
+                    break
+                page = _Page(name, len(state.pages) + 1)
+                page.absorb(obj)
+                state.pages.append(page)
+                name = page.next
+            for page in state.pages[:-1]:
+                page.entries = None  # full pages: their index is enough until needed
+            state.loaded = True
+        return state
+
+    async def _refresh(self, run: str, state: _Run, page: _Page) -> None:
+        obj = await self._read(page.name)
+        if obj is None:  # deleted under us: start from page 1 again
+            state.loaded = False
+            await self._loaded(run)
+            return
+        if _newer(str(obj["metadata"].get("resourceVersion", "")), page.rv):
+            page.absorb(obj)
+        if page is not state.pages[-1]:
+            return
+        while page.next is not None:  # the tail grew a page since: follow the chain
+            obj = await self._read(page.next)
+            if obj is None:
+                raise StoreUnavailable(f"the ledger page {page.next}, linked from {page.name}, "
+                                       "is missing")
+            page.entries = None
+            follow = _Page(page.next, page.number + 1)
+            follow.absorb(obj)
+            state.pages.append(follow)
+            page = follow
+
+    async def _entries_of(self, run: str, state: _Run, page: _Page) -> list[dict[str, Any]]:
+        if page.entries is None:
+            await self._refresh(run, state, page)
+        assert page.entries is not None
+        return page.entries
+
+    async def _create_page(self, run: str, number: int) -> _Page:
+        """Create the page object (spec only), or read the one someone else created."""
+        name = page_name(run, number)
+        body = {"apiVersion": f"{API_GROUP}/{API_VERSION}", "kind": "EffectLedger",
+                "metadata": {"name": name, "labels": {RUN_LABEL: run}},
+                "spec": {"run": run, "page": number}}
+        status, obj = await _call(self.api, "POST", self.base, body)
+        self.writes += 1
+        if status == 409:
+            obj = await self._read(name)
+            if obj is None:
+                raise StoreUnavailable(f"the ledger page {name} exists and does not")
+        elif status == 404:
+            raise StoreUnavailable(f"cannot create EffectLedger {name}: the namespace "
+                                   f"{self.namespace} or the EffectLedger CRD is missing")
+        page = _Page(name, number)
+        page.absorb(obj)
+        return page
+
+    async def _put(self, page: _Page, entries: list[dict[str, Any]], rv: str, run: str,
+                   next_page: str | None = None) -> None:
+        """Write the page's status as computed from the version ``rv`` (409: it changed)."""
+        status_obj = page.status(entries, next_page)
+        body = {"apiVersion": f"{API_GROUP}/{API_VERSION}", "kind": "EffectLedger",
+                "metadata": {"name": page.name, "namespace": self.namespace,
+                             "resourceVersion": rv},
+                "spec": {"run": run, "page": page.number}, "status": status_obj}
+        status, obj = await _call(self.api, "PUT", self._path(page.name, status=True), body)
+        self.writes += 1
+        if status in (404, 409):
+            raise _Conflict(page.name)
+        page.rv = str(obj["metadata"]["resourceVersion"])
+        page.entries = entries
+        page.index = {str(e.get("id")): i for i, e in enumerate(entries)}
+        page.count = len(entries)
+        page.next = status_obj.get("next")
+        page.size = len(_dump(status_obj))
+
+    async def _roll(self, run: str, state: _Run) -> bool:
+        """Continue the run in a new page: create it, then link it from the tail. False
+        when the tail changed meanwhile (read again and retry)."""
+        tail = state.pages[-1]
+        follow = await self._create_page(run, tail.number + 1)
+        entries = await self._entries_of(run, state, tail)
+        try:
+            await self._put(tail, entries, tail.rv, run, next_page=follow.name)
+        except _Conflict:
+            await self._refresh(run, state, tail)
+            return False
+        tail.entries = None
+        state.pages.append(follow)
+        return True
+
+    # ---- batched writes ----
+
+    async def _submit(self, run: str, apply: Callable[[_Work], Awaitable[tuple[_Page, Any]]],
+                      *, creates: bool = False) -> Any:
+        loop = asyncio.get_running_loop()
+        op = _Op(apply, loop.create_future(), creates)
+        self._queued.setdefault(run, []).append(op)
+        if run not in self._draining:
+            self._draining.add(run)
+            task = loop.create_task(self._drain(run))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        return await op.future
+
+    async def _drain(self, run: str) -> None:
+        try:
+            while self._queued.get(run):
+                batch = self._queued.pop(run)
+                try:
+                    await self._write(run, batch)
+                except Exception as exc:  # every waiting call hears it
+                    failure = exc if isinstance(exc, StoreUnavailable) else StoreUnavailable(
+                        f"the ledger write failed: {exc}")
+                    if not isinstance(exc, StoreUnavailable):
+                        log.exception("ledger write of run %s failed", run)
+                    for op in batch:
+                        if not op.future.done():
+                            op.future.set_exception(failure)
+                    self._runs.pop(run, None)  # read everything again next time
+        finally:
+            self._draining.discard(run)
+
+    async def _write(self, run: str, ops: list[_Op]) -> None:
+        todo = ops
+        for attempt in range(MAX_ATTEMPTS):
+            if attempt:  # another writer won the page: let it finish before trying again
+                await asyncio.sleep(random.uniform(0, min(0.2, 0.01 * attempt)))
+            state = await self._loaded(run)
+            if any(op.creates for op in todo):
+                if not state.pages:
+                    state.pages.append(await self._create_page(run, 1))
+                elif state.pages[-1].size >= self.page_bytes and state.pages[-1].count \
+                        and not await self._roll(run, state):
+                    continue
+            work = _Work(self, run, state)
+            touched: dict[str, list[tuple[_Op, Any]]] = {}
+            for op in todo:
+                try:
+                    page, value = await op.apply(work)
+                except Exception as exc:  # EntryExists, EntryMissing, Stale, a bad change
+                    if not op.future.done():
+                        op.future.set_exception(exc)
+                    continue
+                touched.setdefault(page.name, []).append((op, value))
+            todo = []
+            for name, done in touched.items():
+                page = next(p for p in state.pages if p.name == name)
+                try:
+                    await self._put(page, work.copies[name], work.rvs[name], run)
+                except _Conflict:
+                    await self._refresh(run, state, page)
+                    todo.extend(op for op, _ in done)
+                    continue
+                for op, value in done:
+                    if not op.future.done():
+                        op.future.set_result(value)
+            for page in state.pages[:-1]:
+                page.entries = None
+            if not todo:
+                return
+        for op in todo:
+            if not op.future.done():
+                op.future.set_exception(StoreUnavailable(
+                    f"the ledger of run {run} kept changing under the write ({MAX_ATTEMPTS} "
+                    "conflicts in a row); try again"))
+
+
+class _Work:
+    """One batch's working copies of the pages it changes, each with the resourceVersion it
+    was copied from (the PUT's precondition): written only if nobody wrote in between."""
+
+    def __init__(self, store: ClusterStore, run: str, state: _Run) -> None:
+        self.store, self.run, self.state = store, run, state
+        self.copies: dict[str, list[dict[str, Any]]] = {}
+        self.rvs: dict[str, str] = {}
+
+    async def _copy(self, page: _Page) -> list[dict[str, Any]]:
+        if page.name not in self.copies:
+            entries = await self.store._entries_of(self.run, self.state, page)
+            # no await between reading the entries and their version: they belong together
+            self.copies[page.name], self.rvs[page.name] = list(entries), page.rv
+        return self.copies[page.name]
+
+    async def create(self, entry: Entry) -> tuple[_Page, Entry]:
+        held = self.state.find(entry.id)
+        tail = self.state.pages[-1]
+        if held is not None and held is not tail:
+            entries = await self.store._entries_of(self.run, self.state, held)
+            raise EntryExists(Entry.model_validate(entries[held.index[entry.id]]))
+        entries = await self._copy(tail)
+        for existing in entries:
+            if existing.get("id") == entry.id:
+                raise EntryExists(Entry.model_validate(existing))
+        before = sum(p.count for p in self.state.pages[:-1])
+        stored = entry.model_copy(update={"seq": before + len(entries) + 1})
+        entries.append(compact_entry(stored.to_json()))
+        return tail, stored
+
+    async def update(self, entry_id: str, change: Change) -> tuple[_Page, Entry]:
+        page = self.state.find(entry_id)
+        if page is None:
+            tail = self.state.pages[-1] if self.state.pages else None
+            copy = self.copies.get(tail.name) if tail else None
+            if tail is None or copy is None or not any(e.get("id") == entry_id for e in copy):
+                raise EntryMissing(f"no entry {entry_id} in run {self.run}")
+            page = tail
+        entries = await self._copy(page)
+        at = next((i for i, e in enumerate(entries) if e.get("id") == entry_id), None)
+        if at is None:
+            raise EntryMissing(f"no entry {entry_id} in run {self.run}")
+        new = change(Entry.model_validate(entries[at]))
+        if new.id != entry_id:
+            raise ValueError("a change may not alter an entry's id")
+        entries[at] = compact_entry(new.to_json())
+        return page, new
+
+
+# Parts of an entry whose schema is open (x-kubernetes-preserve-unknown-fields): their values
+# are the caller's data and are written exactly as they are.
+_OPEN = frozenset({"handle", "report", "undo"})
+
+
+def compact_entry(value: Any) -> Any:
+    """The entry without empty-string fields in its typed parts. The local API server (1.20
+    built with a newer Go) refuses an empty string in a typed property of an array item as
+    ``null``; every such field of an entry has the empty string as its default, so leaving
+    it out reads back the same."""
+    if isinstance(value, dict):
+        return {k: v if k in _OPEN else compact_entry(v) for k, v in value.items() if v != ""}
+    if isinstance(value, list):
+        return [compact_entry(v) for v in value]
+    return value
+
+
+# ---- idempotency-key locks ----
+
+LEASE_PREFIX = "unwind-key-"
+RUN_ANNOTATION = f"{API_GROUP}/run"
+SINCE_ANNOTATION = f"{API_GROUP}/since"
+
+
+def lease_name(name: str) -> str:
+    return LEASE_PREFIX + name
+
+
+def _micro(text: str) -> str:
+    """RFC 3339 with microseconds, the form a Lease's acquireTime takes."""
+    return parse_stamp(text).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+class LeaseLocks:
+    """Idempotency-key locks as Leases in ``namespace`` (see the module docstring)."""
+
+    def __init__(self, api: Api, namespace: str) -> None:
+        self.api, self.namespace = api, namespace
+        self.base = f"/apis/coordination.k8s.io/v1/namespaces/{quote(namespace, safe='')}/leases"
+
+    async def acquire(self, name: str, holder: Holder) -> Holder | None:
+        body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                "metadata": {"name": lease_name(name), "labels": {f"{API_GROUP}/key-lock": "true"},
+                             "annotations": {RUN_ANNOTATION: holder.run,
+                                             SINCE_ANNOTATION: holder.since}},
+                "spec": {"holderIdentity": holder.entry, "acquireTime": _micro(holder.since)}}
+        for _ in range(3):
+            status, answer = await _call(self.api, "POST", self.base, body)
+            if status in (200, 201):
+                return None
+            if status == 404:
+                raise StoreUnavailable(f"cannot create Lease {lease_name(name)}: "
+                                       f"{_problem(status, answer)}")
+            current = await self._read(name)
+            if current is not None:
+                return current[0]
+            # released between our create and our read: try to take it again
+        return Holder(run="", entry="", since=stamp(now()))  # changing hands: it stands, young
+
+    async def release(self, name: str, holder: Holder) -> None:
+        await self._remove_if(name, holder)
+
+    async def break_stale(self, name: str, stale: Holder) -> bool:
+        return await self._remove_if(name, stale)
+
+    async def peek(self, name: str) -> Holder | None:
+        current = await self._read(name)
+        return None if current is None else current[0]
+
+    async def _read(self, name: str) -> tuple[Holder, dict[str, Any]] | None:
+        status, obj = await _call(self.api, "GET", f"{self.base}/{lease_name(name)}")
+        if status == 404:
+            return None
+        if status != 200 or not isinstance(obj, dict):
+            raise StoreUnavailable(_problem(status, obj))
+        meta = obj.get("metadata") or {}
+        notes = meta.get("annotations") or {}
+        spec = obj.get("spec") or {}
+        since = notes.get(SINCE_ANNOTATION) or meta.get("creationTimestamp") or stamp(now())
+        return Holder(str(notes.get(RUN_ANNOTATION, "")), str(spec.get("holderIdentity") or ""),
+                      str(since)), meta
+
+    async def _remove_if(self, name: str, holder: Holder) -> bool:
+        current = await self._read(name)
+        if current is None or current[0] != holder:
+            return False
+        meta = current[1]
+        body = {"apiVersion": "v1", "kind": "DeleteOptions",
+                "preconditions": {"uid": meta.get("uid"), "resourceVersion": meta.get("resourceVersion")}}
+        status, _ = await _call(self.api, "DELETE", f"{self.base}/{lease_name(name)}", body)
+        return status in (200, 201, 202)
