@@ -4,7 +4,7 @@ webhook, and the operator writes the decisions into the entry and tallies them."
 from __future__ import annotations
 
 import subprocess
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -15,13 +15,17 @@ from kubernetes import client
 from unwind.controlplane import ControlPlane
 from unwind.controlplane.dev import OperatorProcess
 from unwind.ledger.approvals import ApprovalRules
+from unwind.ledger.clusterstore import compact_entry
 from unwind.ledger.decide import record
 from unwind.ledger.entry import Entry, Times, stamp
 
 
-def awaiting(entry: str, rules: ApprovalRules, actor: str = "system:serviceaccount:shop:agent") -> dict[str, Any]:
-    return Entry(id=entry, seq=1, tool="stripe.create_charge", actor=actor, state="awaiting_approval",
-                 approval=record(rules, "kubernetes"), times=Times(requested=stamp(datetime.now(UTC)))).to_json()
+def awaiting(entry: str, rules: ApprovalRules, actor: str = "system:serviceaccount:shop:agent",
+             ago: float = 0) -> dict[str, Any]:
+    """An entry as the gateway writes it, requested ``ago`` seconds before now."""
+    requested = datetime.now(UTC) - timedelta(seconds=ago)
+    return compact_entry(Entry(id=entry, seq=1, tool="stripe.create_charge", actor=actor, state="awaiting_approval",
+                               approval=record(rules, "kubernetes"), times=Times(requested=stamp(requested))).to_json())
 
 
 def make_ledger(api: client.ApiClient, namespace: str, name: str, entries: list[dict[str, Any]]) -> None:
@@ -65,8 +69,10 @@ def test_a_call_needing_two_finance_approvals_is_approved_by_two_users_of_that_g
 
 def test_a_timed_out_call_that_escalates_is_decided_by_the_escalation_group(
         operator: OperatorProcess, control_plane: ControlPlane, k8s_api: client.ApiClient, namespace: str) -> None:
-    rules = ApprovalRules(roles=("reviewers",), quorum=1, timeout_ms=1, on_timeout="escalate", escalate_to=("finance",))
-    make_ledger(k8s_api, namespace, "run-2", [awaiting("e-2", rules)])
+    # requested 5 s ago with a 1 s timeout: the deadline is well before any Approval's second
+    rules = ApprovalRules(roles=("reviewers",), quorum=1, timeout_ms=1000, on_timeout="escalate",
+                          escalate_to=("finance",))
+    make_ledger(k8s_api, namespace, "run-2", [awaiting("e-2", rules, ago=5)])
     bob, dave = control_plane.user_kubeconfig("bob"), control_plane.user_kubeconfig("dave")
     assert approve(bob, namespace, "bob-late", "run-2", "e-2").returncode == 0  # reviewers, after the timeout
     assert approve(dave, namespace, "dave-ok", "run-2", "e-2").returncode == 0  # finance, the escalation
@@ -77,8 +83,8 @@ def test_a_timed_out_call_that_escalates_is_decided_by_the_escalation_group(
 
 def test_a_timed_out_call_that_denies_is_denied(
         operator: OperatorProcess, control_plane: ControlPlane, k8s_api: client.ApiClient, namespace: str) -> None:
-    rules = ApprovalRules(roles=("finance",), quorum=1, timeout_ms=1, on_timeout="deny", escalate_to=())
-    make_ledger(k8s_api, namespace, "run-3", [awaiting("e-3", rules)])
+    rules = ApprovalRules(roles=("finance",), quorum=1, timeout_ms=1000, on_timeout="deny", escalate_to=())
+    make_ledger(k8s_api, namespace, "run-3", [awaiting("e-3", rules, ago=5)])
     dave = control_plane.user_kubeconfig("dave")
     assert approve(dave, namespace, "dave-late", "run-3", "e-3").returncode == 0
     done = wait_for("denied", lambda: (e := entry_of(k8s_api, namespace, "run-3", "e-3")) and e["state"] == "denied" and e)
