@@ -3,7 +3,7 @@
 A bundle is the ConfigMap ``unwind-bundle`` and, when it would not fit in one, shard
 ConfigMaps. ``unwind-bundle`` always holds ``index.json``, the *signed root*:
 
-    {apiVersion, kind: ToolBundle, namespace, generation, highWater: {tool: N},
+    {apiVersion, kind: ToolBundle, namespace, generation, highWater: {tool: N}, mode?,
      tools: {tool: {version, checksum, lifecycle, key, source}}   (everything fits), or
      slot + shards: [{name, sha256}]                               (sharded),
      signature: {key_id, value}}
@@ -87,6 +87,7 @@ class Bundle:
     high_water: dict[str, int] = field(default_factory=dict)
     checksums: dict[str, str] = field(default_factory=dict)  # tool -> checksum of its bytes
     blobs: dict[str, bytes] = field(default_factory=dict)  # tool -> the verified canonical bytes
+    mode: str = "enforce"  # or "observe": violations are recorded, not refused (a rollout)
 
 
 def shard_name(slot: str, n: int) -> str:
@@ -116,7 +117,8 @@ def signing_message(root: Mapping[str, Any]) -> bytes:
 
 
 def build_bundle(namespace: str, entries: Sequence[BundleEntry], *, generation: int,
-                 high_water: Mapping[str, int], signer: Signer | None, slot: str = "a") -> BundleData:
+                 high_water: Mapping[str, int], signer: Signer | None, slot: str = "a",
+                 mode: str = "enforce") -> BundleData:
     """The ConfigMaps' data for a bundle of these entries; byte-identical for equal input
     (Ed25519 signatures are deterministic). Raises BundleError when it cannot fit."""
     ordered = sorted(entries, key=lambda e: e.tool)
@@ -126,6 +128,8 @@ def build_bundle(namespace: str, entries: Sequence[BundleEntry], *, generation: 
     root: dict[str, Any] = {"apiVersion": f"{API_GROUP}/{API_VERSION}", "kind": "ToolBundle",
                             "namespace": namespace, "generation": generation,
                             "highWater": dict(sorted(high_water.items()))}
+    if mode != "enforce":  # left out when enforcing, so such bundles keep their bytes
+        root["mode"] = mode
     signature_room = 200
     whole = _size({**root, "tools": infos}) + len(INDEX_KEY) + data_size(blobs)
     shards: BundleData = {}
@@ -201,6 +205,9 @@ def load_bundle(configmaps: Mapping[str, Mapping[str, str]], trust: TrustStore |
     if generation < min_generation:
         raise BundleError("rollback", f"generation {generation} is older than {min_generation}, already "
                                       "accepted: an old bundle was put back")
+    mode = root.get("mode", "enforce")
+    if mode not in ("enforce", "observe"):
+        raise BundleError("bad_index", f"the bundle's mode {mode!r} is neither enforce nor observe")
     infos, data = _entries(root, configmaps)
     out: dict[str, ToolManifest] = {}
     sources: dict[str, str] = {}
@@ -211,7 +218,7 @@ def load_bundle(configmaps: Mapping[str, Mapping[str, str]], trust: TrustStore |
     return Bundle(namespace, generation, key_id, out, sources,
                   {str(k): int(v) for k, v in high.items() if isinstance(v, int)} if isinstance(high, dict) else {},
                   {t: str(i["checksum"]) for t, i in infos.items()},
-                  {t: data[str(i["key"])].encode("utf-8") for t, i in infos.items()})
+                  {t: data[str(i["key"])].encode("utf-8") for t, i in infos.items()}, mode)
 
 
 def _check_signature(root: Mapping[str, Any], trust: TrustStore) -> str:

@@ -92,7 +92,7 @@ def test_the_rule_table_covers_every_targeted_code_once_in_order() -> None:
     codes = [r.code for r in RULES]
     assert codes == sorted(codes) == ["L010", "L011", "L012", "L013", "L014", "L015", "L016",
                                       "L017", "L019", "L020", "L021", "L022", "L023", "L024",
-                                      "L027", "L030", "L031", "L032", "L033", "L034", "L035"]
+                                      "L027", "L030", "L031", "L032", "L033", "L034", "L035", "L036"]
 
 
 def test_l010_a_mutating_tool_without_description_is_a_warning() -> None:
@@ -343,3 +343,10 @@ def test_the_example_payments_manifests_lint_clean(path: str) -> None:
     result = check_paths([Path(__file__).parents[2] / path])
     assert result.ok
     assert lint(result.manifests) == []
+
+
+def test_l036_redacting_a_value_the_undo_needs_is_a_warning() -> None:
+    def redact(s: dict[str, Any]) -> None:
+        s["shop.create_order"]["audit"] = {"redaction": ["$result.id"]}  # the cancel reads $result.id
+    f = only(lint_changed(redact), "L036", "warning", "shop.create_order")
+    assert "compensation.argument_map" in f.message and "the undo of every call will be unavailable" in f.message

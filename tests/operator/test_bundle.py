@@ -149,3 +149,16 @@ def test_1000_manifests_with_long_descriptions_fit_with_non_ascii_text_counted_i
 
 def test_the_same_input_gives_the_same_bytes() -> None:
     assert bundle() == bundle()
+
+
+def test_observe_mode_is_signed_into_the_bundle() -> None:
+    observing = build_bundle("shop", [entry("shop.get_order")], generation=1, high_water={}, signer=signer,
+                             mode="observe")
+    assert load_bundle(observing, TRUST, namespace="shop").mode == "observe"
+    assert load_bundle(bundle(), TRUST, namespace="shop").mode == "enforce"
+    flipped = copy.deepcopy(observing)
+    index = json.loads(flipped[BUNDLE_NAME][INDEX_KEY])
+    index["mode"] = "enforce"
+    flipped[BUNDLE_NAME][INDEX_KEY] = canonical_json(index).decode()
+    with pytest.raises(BundleError, match="bad_signature"):
+        load_bundle(flipped, TRUST, namespace="shop")

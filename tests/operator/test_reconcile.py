@@ -592,3 +592,9 @@ def test_the_generation_goes_up_with_every_change_and_an_unchanged_namespace_wri
     c.apply("read", {**READ, "description": "changed"})
     c.reconcile()
     assert load(c.bundle).generation > first
+
+
+def test_a_namespace_in_observe_mode_gets_a_bundle_that_says_so() -> None:
+    c = Cluster(read=READ)
+    result = plan("shop", list(c.objects.values()), [], {}, signer, KID, SETTINGS, NOW, now_ms=5, mode="observe")
+    assert result.bundle is not None and load(result.bundle).mode == "observe"

@@ -112,7 +112,7 @@ def _local_parts(args: argparse.Namespace) -> _Parts:
         except LedgerDirError as exc:
             raise _SetupError(str(exc)) from None
     actor = args.actor or os.environ.get("UNWIND_ACTOR") or f"local:{getpass.getuser()}"
-    return _Parts(LocalCatalogue(args.manifests), store, locks, actor, "self-declared")
+    return _Parts(LocalCatalogue(args.manifests, observe=args.observe), store, locks, actor, "self-declared")
 
 
 def _cluster_parts(args: argparse.Namespace, metrics: Any) -> _Parts:
@@ -224,6 +224,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    "(created if missing; must be writable)")
     p.add_argument("--listen", default=DEFAULT_LISTEN, metavar="HOST:PORT",
                    help=f"where to listen (default {DEFAULT_LISTEN})")
+    p.add_argument("--observe", action="store_true", help="local mode: record permission, requires, "
+                   "schema-drift and approval violations in the entry instead of refusing (a rollout; in "
+                   "a pod the namespace's unwind.dev/mode annotation decides)")
     p.add_argument("--scopes", metavar="P1,P2", help="permissions calls may use, comma-separated "
                    "('*' for all; default UNWIND_SCOPES, else none)")
     p.add_argument("--actor", metavar="NAME", help="who the calls are made as (default "

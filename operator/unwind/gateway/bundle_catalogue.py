@@ -60,6 +60,11 @@ class BundleCatalogue:
     def generation(self) -> str:
         return str(self._bundle.generation) if self._bundle else "none"
 
+    @property
+    def observe(self) -> bool:
+        """The namespace's mode, signed into its bundle (annotation unwind.dev/mode)."""
+        return self._bundle is not None and self._bundle.mode == "observe"
+
     def get(self, tool: str) -> Served | None:
         return self._by_tool.get(tool)
 

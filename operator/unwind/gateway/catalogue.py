@@ -45,6 +45,11 @@ class Catalogue(Protocol):
     @property
     def generation(self) -> str: ...
 
+    @property
+    def observe(self) -> bool:
+        """Observe mode (a rollout): policy violations are recorded, not refused."""
+        ...
+
     def get(self, tool: str) -> Served | None: ...
 
     def tools(self) -> list[Served]: ...
@@ -58,8 +63,9 @@ class LocalCatalogue:
     """Plain manifest files, validated as a set, unsigned. A set with any error is not
     served at all (a partial set could drop the undo tool another manifest names)."""
 
-    def __init__(self, paths: Sequence[str | os.PathLike[str]]) -> None:
+    def __init__(self, paths: Sequence[str | os.PathLike[str]], observe: bool = False) -> None:
         self.paths = [str(p) for p in paths]
+        self._observe = observe
         self._by_tool: dict[str, Served] = {}
         self._problem: str | None = None
         self._generation = "none"
@@ -92,6 +98,10 @@ class LocalCatalogue:
     @property
     def ready(self) -> bool:
         return self._problem is None
+
+    @property
+    def observe(self) -> bool:
+        return self._observe
 
     @property
     def problem(self) -> str | None:

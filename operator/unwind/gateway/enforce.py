@@ -176,9 +176,12 @@ class Gateway:
         for check in (self._permission, self._requires, self._schema_drift):
             refusal = await check(c)
             if refusal is not None:
-                if not req.dry_run:
+                if req.dry_run:
+                    checks.append(refusal)
+                elif self.catalogue.observe:
+                    self._observed(c, refusal)
+                else:
                     raise refusal
-                checks.append(refusal)
         if not req.stage:
             self._render_key(c, args)
         if req.dry_run:
@@ -190,7 +193,9 @@ class Gateway:
                 raise standing
         approved = c.existing is not None and c.existing.state == "awaiting_approval"
         rules = None if req.stage else ApprovalRules.from_manifest(m)
-        if rules is not None and not approved:
+        if rules is not None and not approved and self.catalogue.observe:
+            self._observed(c, Refusal("approval_required", f"{m.tool} needs approval"))
+        elif rules is not None and not approved:
             return await self._await_approval(c, rules)
         prepared = prepare(call_m, args, self.secrets, self._key_headers(c))
         holder = await self._take_key(c)
@@ -202,6 +207,13 @@ class Gateway:
         return await self._run(c, entry, prepared, holder)
 
     # ---- the checks ----
+
+    def _observed(self, c: _Call, refusal: Refusal) -> None:
+        """Observe mode: the violation goes into the entry's warnings and the metrics, and
+        the call goes on (the write-ahead ledger and duplicate refusal stay in force)."""
+        assert c.m is not None
+        c.warnings.append(f"observed {refusal.code}: {refusal.message}")
+        self.metrics.observed.labels(c.m.tool, refusal.code).inc()
 
     def _stage_form(self, c: _Call) -> tuple[ToolManifest, dict[str, Any]]:
         m = c.m

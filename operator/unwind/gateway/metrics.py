@@ -39,6 +39,9 @@ class Metrics:
         self.ledger_api_writes = Gauge("unwind_gateway_ledger_api_writes", "EffectLedger writes "
                                        "(creates and status updates) since start.",
                                        registry=self.registry)
+        self.observed = Counter("unwind_gateway_observed_violations", "Violations recorded but not "
+                                "refused (observe mode), by tool and code.", ["tool", "code"],
+                                registry=self.registry)
         self.ready = Gauge("unwind_gateway_catalogue_ready", "1 when a valid catalogue is served.",
                            registry=self.registry)
 

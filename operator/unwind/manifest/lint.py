@@ -23,6 +23,7 @@ from .canonical import canonical_json
 from .keys import placeholders
 from .model import Effect, Lifecycle, ToolManifest
 from .refs import RefSyntaxError, parse_ref
+from .undo_refs import kept_references, redacted_needs
 from .validate import find_requires_cycles
 
 Level = Literal["error", "warning", "info"]
@@ -283,6 +284,15 @@ def l033_redaction_not_in_schema(ctx: Context) -> Iterator[tuple[str, str, str]]
                            "of the ledger may be stored under another name; fix the path")
 
 
+def l036_redaction_hides_what_the_undo_needs(ctx: Context) -> Iterator[tuple[str, str, str]]:
+    for m in ctx.manifests:
+        needs = redacted_needs(m, kept_references(m, staged=True))
+        if needs:
+            yield m.tool, "audit.redaction", ("; ".join(needs) + ": the undo of every call will be "
+                                              "unavailable; redact something else, or read the undo's "
+                                              "value from another place")
+
+
 def l034_no_upstream_tool(ctx: Context) -> Iterator[tuple[str, str, str]]:
     for m in ctx.manifests:
         if upstream_name(m) not in ctx.upstream:
@@ -328,6 +338,7 @@ RULES: tuple[Rule, ...] = (
     Rule("L033", "warning", l033_redaction_not_in_schema, needs_upstream=True),
     Rule("L034", "warning", l034_no_upstream_tool, needs_upstream=True),
     Rule("L035", "warning", l035_upstream_without_manifest, needs_upstream=True),
+    Rule("L036", "warning", l036_redaction_hides_what_the_undo_needs),
 )
 
 

@@ -126,7 +126,8 @@ def reconcile_namespace(kube: Kube, namespace: str, keeper: KeyKeeper, settings:
         now = now_rfc3339()
         settings = replace(settings, trust=keeper.keys.all_public())
         result = plan(namespace, snap.manifests, snap.revisions, snap.bundle, keeper.sign, keeper.keys.kid,
-                      settings, now, snap.approvals, now_ms=int(time.time() * 1000), terminating=snap.terminating)
+                      settings, now, snap.approvals, now_ms=int(time.time() * 1000), terminating=snap.terminating,
+                      mode=snap.mode)
         # Finalizers first: in a terminating namespace nothing else may be written, and they
         # must go for the namespace to finish.
         failed = kube.patch_finalizers(namespace, result.finalizers)

@@ -36,6 +36,7 @@ BUNDLE_LABEL = "unwind.dev/bundle"
 OWNER_LABEL = "unwind.dev/toolmanifest-uid"
 CHECKSUM_ANNOTATION = "unwind.dev/checksum"
 AUTHOR_ANNOTATION = "unwind.dev/applied-by"
+MODE_ANNOTATION = "unwind.dev/mode"  # on a Namespace: observe = record violations, do not refuse
 COMPONENT = "unwind-operator"
 PAGE = 250
 
@@ -73,6 +74,7 @@ class Snapshot:
     terminating: bool = False  # the namespace is being deleted
     gone: bool = False  # the namespace does not exist any more
     stale: tuple[str, ...] = ()  # labelled shard ConfigMaps the current index does not name
+    mode: str = "enforce"  # the namespace's unwind.dev/mode annotation: enforce or observe
 
 
 def _kept(meta: dict[str, Any], keys: tuple[str, ...]) -> dict[str, str]:
@@ -120,18 +122,19 @@ class Kube:
                                     a.get("spec"), _kept(a["metadata"], APPROVER.all()))
                      for a in self._pages(self.custom.list_namespaced_custom_object,
                                           API_GROUP, API_VERSION, namespace, APPROVALS)]
-        phase = self._phase(namespace)
+        ns = self._namespace(namespace)
+        phase = str(((ns or {}).get("status") or {}).get("phase") or "Active")
+        mode = ((ns or {}).get("metadata", {}).get("annotations") or {}).get(MODE_ANNOTATION, "enforce")
         return Snapshot(manifests, revisions, bundle, versions, approvals, phase == "Terminating",
-                        phase is None, stale)
+                        ns is None, stale, "observe" if mode == "observe" else "enforce")
 
-    def _phase(self, namespace: str) -> str | None:
+    def _namespace(self, namespace: str) -> dict[str, Any] | None:
         try:
-            ns = _json(self.core.read_namespace(namespace, _preload_content=False))
+            return dict(_json(self.core.read_namespace(namespace, _preload_content=False)))
         except ApiException as exc:
             if exc.status == 404:
                 return None
             raise
-        return str((ns.get("status") or {}).get("phase") or "Active")
 
     def _read_config_map(self, namespace: str, name: str) -> dict[str, Any] | None:
         try:

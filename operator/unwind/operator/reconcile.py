@@ -67,9 +67,11 @@ def _approve(st: State, settings: Settings) -> None:
 def plan(namespace: str, manifests: Sequence[ManifestObject], revisions: Sequence[Revision],
          current_bundle: BundleData, signer: Signer, key_id: str | None,
          settings: Settings, now: str, approvals: Sequence[ApprovalObject] = (), *,
-         now_ms: int = 0, terminating: bool = False) -> Plan:
+         now_ms: int = 0, terminating: bool = False, mode: str = "enforce") -> Plan:
     """``terminating``: the namespace is being deleted; nothing may be created in it any more,
-    so only finalizers and statuses are planned (the readers finalizer must still go)."""
+    so only finalizers and statuses are planned (the readers finalizer must still go).
+    ``mode``: the namespace's ``unwind.dev/mode`` (observe: gateways record violations
+    without refusing, for a rollout), signed into the bundle."""
     out = Plan()
     trust = settings.trust or TrustStore()
     current = verified_bundle(current_bundle, trust, namespace)
@@ -142,7 +144,8 @@ def plan(namespace: str, manifests: Sequence[ManifestObject], revisions: Sequenc
     # A namespace that never had a manifest gets no bundle; one whose manifests were all
     # deleted gets an empty one, so no gateway keeps enforcing what was removed.
     if not terminating and (manifests or current_bundle):
-        out.bundle = bundle_to_write(namespace, entries, high_water, current, current_bundle, signer, now_ms)
+        out.bundle = bundle_to_write(namespace, entries, high_water, current, current_bundle, signer, now_ms,
+                                     mode)
     out.signed_by = key_id if out.bundle is not None else (current.key_id if current else None)
 
     held = []

@@ -103,21 +103,22 @@ def high_water_marks(manifests: Sequence[ManifestObject], by_owner: dict[str, di
 
 
 def bundle_to_write(namespace: str, entries: list[BundleEntry], high_water: dict[str, int], current: Bundle | None,
-            current_data: BundleData, signer: Signer, now_ms: int) -> BundleData | None:
+                    current_data: BundleData, signer: Signer, now_ms: int, mode: str = "enforce") -> BundleData | None:
     """The bundle to write, or None when the current one already says exactly this. The
     generation only goes up: past the current one, and at least the clock in ms (so a
     bundle deleted by hand does not restart the count)."""
     if current is not None:
         slot = str(read_root(current_data).get("slot") or "a")
         same = build_bundle(namespace, entries, generation=current.generation, high_water=high_water,
-                            signer=signer, slot=slot)
+                            signer=signer, slot=slot, mode=mode)
         if same == current_data:
             return None
         slot = SLOTS[1 - SLOTS.index(slot)] if slot in SLOTS else "a"
     else:
         slot = "a"
     generation = max((current.generation + 1) if current else 1, now_ms)
-    return build_bundle(namespace, entries, generation=generation, high_water=high_water, signer=signer, slot=slot)
+    return build_bundle(namespace, entries, generation=generation, high_water=high_water, signer=signer,
+                        slot=slot, mode=mode)
 
 
 def bundle_lifecycles(current: Bundle | None) -> dict[str, tuple[str, str]]:

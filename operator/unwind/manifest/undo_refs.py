@@ -1,0 +1,64 @@
+"""The values an undo needs, and whether redaction masks one of them (pure).
+
+A ledger entry keeps only the values that the compensation's argument map and
+verification, its deadline, the lookup and a draft's handle name. ``audit.redaction``
+masks values in the ledger; a masked value that an undo needs makes that undo unavailable.
+The gateway uses this when it records an entry, and lint (L036) when a manifest is written.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+from .model import ToolManifest
+from .refs import Ref, RefSyntaxError, parse_ref
+
+
+def kept_references(m: ToolManifest, *, staged: bool = False) -> Iterator[tuple[str, Ref]]:
+    """(where, reference) for every value a handle must keep."""
+    c = m.compensation
+    places: list[tuple[str, Any]] = []
+    if c is not None:
+        places += [(f"compensation.argument_map.{k}", v) for k, v in c.argument_map.items()]
+        if c.verification is not None:
+            places += [(f"compensation.verification.arguments.{k}", v)
+                       for k, v in c.verification.arguments.items()]
+        if c.deadline is not None and c.deadline.at is not None:
+            places.append(("compensation.deadline.at", c.deadline.at))
+    if m.lookup is not None:
+        places += [(f"lookup.arguments.{k}", v) for k, v in m.lookup.arguments.items()]
+    if staged and m.draft is not None:
+        places += [(f"draft.handle.{k}", v) for k, v in m.draft.handle.items()]
+    for where, raw in places:
+        try:
+            ref = parse_ref(raw)
+        except RefSyntaxError:
+            continue  # the validator refuses such a manifest before it is served
+        if ref.root in ("args", "result"):
+            yield where, ref
+
+
+def redaction_references(m: ToolManifest) -> list[Ref]:
+    out = []
+    for raw in m.audit.redaction if m.audit else []:
+        try:
+            out.append(parse_ref(raw))
+        except RefSyntaxError:
+            continue
+    return out
+
+
+def overlaps(a: Ref, b: Ref) -> bool:
+    """One path lies inside the other (or they are equal), on the same root."""
+    n = min(len(a.path), len(b.path))
+    return a.root == b.root and a.path[:n] == b.path[:n]
+
+
+def redacted_needs(m: ToolManifest, refs: Iterable[tuple[str, Ref]]) -> list[str]:
+    """Sentences naming each kept reference that audit.redaction masks (in whole or part)."""
+    masked = redaction_references(m)
+    return [f"{where} reads {ref.text()}, which audit.redaction masks in the ledger"
+            for where, ref in refs if any(overlaps(ref, r) for r in masked)]
+
+
