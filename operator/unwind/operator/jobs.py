@@ -11,8 +11,7 @@ answers, retention). One loop per namespace then, on the leader only:
 2. **decides** with pure code (``rollback.decide``, ``retention.decide``);
 3. **writes** in this order: the entries and the first page's status (conditional on the
    resourceVersion read: a conflict ends the pass for that ledger and marks it dirty
-   again), then the Jobs (409: it exists, it ran or runs), then deletions, released key
-   Leases and Events. Writing the status first is what makes a restart safe: a Job is
+   again), then the Jobs (409: it exists, it ran or runs), then deletions and Events. Writing the status first is what makes a restart safe: a Job is
    only ever created for a step already recorded as running, with its entry ``undoing``.
 """
 
@@ -35,7 +34,7 @@ from ..api.conditions import now_rfc3339
 from ..bundle import BundleError, load_bundle
 from ..ledger.entry import ApprovalDecision, Entry
 from ..ledger.plan import Versions
-from ..ledger.store import Stale, lock_name
+from ..ledger.store import Stale
 from ..manifest.canonical import checksum
 from ..manifest.model import ToolManifest
 from ..manifest.validate import validate_manifest
@@ -62,7 +61,6 @@ from .rollback import Context, Decision, JobView, LedgerView, decide
 from .undojob import LEDGER_LABEL
 
 log = logging.getLogger("unwind.operator.rollback")
-LEASE_PREFIX = "unwind-key-"  # the gateway's key locks (ledger/clusterstore.py LeaseLocks)
 PAGE = 20  # ledgers are large: list them a few at a time
 ALL: frozenset[str] = frozenset()  # "every ledger of the namespace"
 
@@ -125,7 +123,6 @@ class RollbackWorker:
         self.custom: Any = kube.custom
         self.core: Any = kube.core
         self.batch: Any = client.BatchV1Api(api)
-        self.coordination: Any = client.CoordinationV1Api(api)
         self.refused: dict[tuple[str, str], str] = {}  # (namespace, job) -> why (in memory)
 
     # ---- gather ---------------------------------------------------------------------
@@ -329,8 +326,6 @@ class RollbackWorker:
         for name in d.delete_jobs:
             with contextlib.suppress(ApiException):
                 self.batch.delete_namespaced_job(name, namespace, propagation_policy="Background")
-        for entry in d.release:
-            self._release(namespace, str((ledger.first.get("spec") or {}).get("run") or ""), entry)
         self._events(namespace, ledger.first["metadata"], d.events)
 
     def _create_job(self, namespace: str, body: dict[str, Any]) -> None:
@@ -346,23 +341,6 @@ class RollbackWorker:
                 log.warning("namespace %s: Job %s refused: %s", namespace, name, self.refused[(namespace, name)])
                 return
             raise
-
-    def _release(self, namespace: str, run: str, entry: Entry) -> None:
-        """Free an undone (or never happened) entry's idempotency key: delete its Lease if
-        this entry still holds it (uid and resourceVersion preconditions)."""
-        if entry.key is None or entry.scope is None:
-            return
-        name = LEASE_PREFIX + lock_name(entry.scope, run=run, actor=entry.actor, tool=entry.tool, key=entry.key)
-        try:
-            lease = _json(self.coordination.read_namespaced_lease(name, namespace, _preload_content=False))
-        except ApiException:
-            return
-        if (lease.get("spec") or {}).get("holderIdentity") != entry.id:
-            return
-        meta = lease["metadata"]
-        with contextlib.suppress(ApiException):
-            self.coordination.delete_namespaced_lease(name, namespace, body=client.V1DeleteOptions(
-                preconditions=client.V1Preconditions(uid=meta["uid"], resource_version=meta["resourceVersion"])))
 
     def _delete_ledger(self, namespace: str, ledger: _Ledger) -> None:
         for page in reversed(ledger.pages):

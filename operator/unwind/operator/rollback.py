@@ -125,12 +125,10 @@ class Decision:
     jobs: list[dict[str, Any]] = field(default_factory=list)  # Job bodies to create
     delete_jobs: list[str] = field(default_factory=list)
     events: list[Event] = field(default_factory=list)
-    release: list[Entry] = field(default_factory=list)  # entries whose key is free again
 
     @property
     def empty(self) -> bool:
-        return not (self.status or self.changes or self.jobs or self.delete_jobs or self.events
-                    or self.release)
+        return not (self.status or self.changes or self.jobs or self.delete_jobs or self.events)
 
 
 def decide(ledger: LedgerView, versions: Callable[[], Versions], jobs: Mapping[str, JobView],
@@ -508,10 +506,9 @@ class _Pass:
                  message=str(result.get("reason") or ""), finished=result.get("finished") or self.now)
         if result.get("first_mismatch"):
             s["first_mismatch"] = result["first_mismatch"]
+        # An undone entry no longer holds its idempotency key: the gateway breaks the key's
+        # Lease when the next call with that key comes (gateway/enforce.py).
         self._change(s["entry"], _undo_end(result))
-        entry = self.entries.get(s["entry"])
-        if state == "undone" and entry is not None:
-            self.out.release.append(entry)
 
     def _record_lookup(self, s: dict[str, Any], job: JobView, result: dict[str, Any] | None) -> None:
         if result is None:
@@ -524,10 +521,7 @@ class _Pass:
         self._lookup_end(s["entry"], result)
 
     def _lookup_end(self, entry_id: str, result: dict[str, Any]) -> None:
-        entry = self.entries.get(entry_id)
         self._change(entry_id, _lookup_done(result))
-        if result.get("outcome") == "not_found" and entry is not None:
-            self.out.release.append(entry)
 
     def _finish_if_done(self) -> None:
         rb = self.rb
