@@ -91,7 +91,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     # `kubectl unwind -n NS status` hands the plugin `-n NS status`: accept kubectl's
     # connection flags before a plugin command too.
-    argv = hoist_kube_flags(list(sys.argv[1:] if argv is None else argv), PLUGIN_COMMANDS)
+    argv = hoist_kube_flags(list(sys.argv[1:] if argv is None else argv),
+                            (*PLUGIN_COMMANDS, "plan", "rollback"))
     usage.ARGV[:] = argv
     command = next((a for a in argv if not a.startswith("-")), None)
     parser = build_parser(command)
