@@ -137,7 +137,7 @@ def reads(upstream: Upstream) -> dict[str, int]:
 
 def test_a_charge_a_comment_an_issue_and_a_staged_release_are_planned_and_rolled_back_by_jobs(
         tools: dict[str, Any], upstream: Upstream, kubelet: JobKubelet, control_plane: ControlPlane,
-        k8s_api: client.ApiClient, namespace: str) -> None:
+        k8s_api: client.ApiClient, namespace: str, tmp_path: Path) -> None:
     run = Run(upstream, tools)
     story(run)
     create_ledger(k8s_api, namespace, "run-42", run.entries)
@@ -179,6 +179,17 @@ def test_a_charge_a_comment_an_issue_and_a_staged_release_are_planned_and_rolled
     reasons = [e.reason for e in client.CoreV1Api(k8s_api).list_namespaced_event(
         namespace, field_selector="involvedObject.name=run-42").items]
     assert reasons.count("StepSucceeded") == 4 and "RolledBack" in reasons
+
+    # the evidence of the run holds the frozen plan and every step's outcome
+    assert main(["keygen", str(tmp_path / "evidence")]) == 0
+    exported = plugin(kubeconfig, namespace, "ledger", "export", "run-42", "--key",
+                      str(tmp_path / "evidence.key"), "-o", str(tmp_path / "run-42.json"))
+    assert exported.code == 0, exported.err
+    evidence = json.loads((tmp_path / "run-42.json").read_text())["evidence"]
+    assert evidence["rollbacks"] == obj["status"]["rollback"]
+    assert {s["entry"]: s["outcome"] for s in evidence["steps"]} == dict.fromkeys(
+        ("pay-1", "c-1", "i-1", "rel-1"), "undone")
+    assert main(["ledger", "verify", str(tmp_path / "run-42.json"), "--trust", str(tmp_path / "evidence.pub")]) == 0
 
 
 def test_a_failed_read_back_fails_its_step_with_the_first_mismatch_and_the_ledger_is_degraded(
