@@ -130,7 +130,7 @@ def make_entry(m: ToolManifest, checksum: str, id_: str, seq: int, args: dict[st
                        handle={"repo": args["repo"], "release_id": result["id"]})
     return Entry(id=id_, seq=seq, tool=m.tool, checksum=checksum, effect=str(m.effect), key=key,
                  scope="global" if key else None, actor="system:serviceaccount:shop:agent",
-                 state=state,  # type: ignore[arg-type]
+                 state=state,
                  handle=build_handle(m, args, result if result is not None else {}, staged=staged),
                  staged=draft, times=Times(requested=when, started=when, finished=when))
 
