@@ -311,3 +311,26 @@ def test_the_operator_killed_ten_times_during_a_rollback_of_twenty_entries_undoe
     assert after.get("issues.close", 0) - before.get("issues.close", 0) == 10
     assert after.get("comments.delete", 0) - before.get("comments.delete", 0) == 10
     assert len(jobs(k8s_api, namespace, "run-chaos")) == 20
+
+
+def test_a_step_whose_undo_requires_approval_waits_for_an_approval_of_its_entry(
+        tools: dict[str, Any], upstream: Upstream, kubelet: JobKubelet, control_plane: ControlPlane,
+        k8s_api: client.ApiClient, namespace: str) -> None:
+    run = Run(upstream, tools)
+    issue = run.call("i-1", "test.issue_closed_with_approval", {"repo": "octo/hello", "title": "needs a human"})
+    create_ledger(k8s_api, namespace, "run-approve", run.entries)
+    ran = plugin(control_plane.kubeconfig, namespace, "rollback", "ledger/run-approve", "--reason", "r")
+    assert ran.code == 0, ran.err
+    waiting = wait_for("waiting for approval", lambda: (o := ledger(k8s_api, namespace, "run-approve"))
+                       and conditions(o).get("RolledBack", {}).get("reason") == "WaitingForApproval" and o)
+    assert "kubectl unwind approve ledger/run-approve --entry i-1" in conditions(waiting)["RolledBack"]["message"]
+    assert not jobs(k8s_api, namespace, "run-approve")
+    approved = plugin(control_plane.user_kubeconfig("carol"), namespace, "approve", "ledger/run-approve",
+                      "--entry", "i-1")
+    assert approved.code == 0, approved.err
+    obj = rolled_back(k8s_api, namespace, "run-approve")
+    assert conditions(obj)["RolledBack"]["status"] == "True"
+    step = obj["status"]["rollback"]["steps"][0]
+    assert step["approved_by"]["user"] == "carol"
+    assert entries(obj)["i-1"]["undo"]["approved_by"]["user"] == "carol"
+    assert upstream.request("GET", f"/issues/{issue['number']}")["state"] == "closed"

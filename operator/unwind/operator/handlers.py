@@ -229,8 +229,11 @@ def build_registry(config: Config, api: client.ApiClient) -> kopf.OperatorRegist
         namespaces.touch(namespace)  # kopf starts watching only after startup completed
 
     @kopf.on.event(API_GROUP, API_VERSION, APPROVALS, registry=registry)  # type: ignore[arg-type]
-    async def approval_changed(namespace: str, **_: Any) -> None:
+    async def approval_changed(namespace: str, spec: Any, **_: Any) -> None:
         namespaces.touch(namespace)
+        ledger = ((spec or {}).get("target") or {}).get("effectLedger")
+        if ledger:  # it may let a rollback step that waits for it run
+            rollbacks.touch(namespace, str(ledger))
 
     @kopf.on.event("", "v1", "configmaps", labels={BUNDLE_LABEL: "true"},  # type: ignore[arg-type]
                    registry=registry)
