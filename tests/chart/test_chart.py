@@ -34,12 +34,14 @@ EXPECTED_CLUSTER_RULES = {
     ("unwind.dev", "toolmanifests/status"): {"get", "patch", "update"},
     ("unwind.dev", "approvals"): {"get", "list", "watch"},
     ("", "serviceaccounts"): {"get"},
-    ("unwind.dev", "effectledgers"): {"get"},
+    ("unwind.dev", "effectledgers"): {"get", "list", "watch", "delete"},
     ("unwind.dev", "effectledgers/status"): {"get", "update"},
     ("admissionregistration.k8s.io", "validatingwebhookconfigurations"): {"get", "patch"},
     ("admissionregistration.k8s.io", "mutatingwebhookconfigurations"): {"get", "patch"},
     ("apps", "controllerrevisions"): {"get", "list", "watch", "create"},
     ("", "configmaps"): {"get", "list", "watch", "create", "update", "delete"},
+    ("batch", "jobs"): {"get", "list", "watch", "create", "delete"},
+    ("", "pods"): {"get", "list"},
     ("", "events"): {"create", "patch"},
     ("events.k8s.io", "events"): {"create", "patch"},
 }
@@ -395,6 +397,9 @@ def test_watching_some_namespaces_grants_configmaps_only_there(chart: Any) -> No
              and o["metadata"]["name"] == "unwind-bundle"}
     assert set(roles) == {"payments", "code"}
     assert rules_table(roles["payments"])[("", "configmaps")] == {"get", "list", "watch", "create", "update", "delete"}
+    assert rules_table(roles["payments"])[("batch", "jobs")] == {"get", "list", "watch", "create", "delete"}
+    assert rules_table(roles["payments"])[("", "pods")] == {"get", "list"}
+    assert ("batch", "jobs") not in rules_table(operator_role(objects))
     bindings = {o["metadata"]["namespace"] for o in objects if o["kind"] == "RoleBinding"
                 and o["metadata"]["name"] == "unwind-bundle"}
     assert bindings == {"payments", "code"}

@@ -99,3 +99,17 @@ bundles by their label.
     {{- end }}
   verbs: ["get", "update", "delete"]
 {{- end }}
+
+{{/*
+Rollback rules (operator/jobs.py, handler undo_job_changed): one undo Job per step,
+watched to completion and read back from its pod's termination message. Cluster-wide, or
+in each watched namespace's Role.
+*/}}
+{{- define "unwind.rollbackRules" -}}
+- apiGroups: ["batch"]
+  resources: ["jobs"]
+  verbs: ["get", "list", "watch", "create", "delete"]
+- apiGroups: [""]
+  resources: ["pods"]
+  verbs: ["get", "list"]
+{{- end }}

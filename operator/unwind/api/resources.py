@@ -9,7 +9,7 @@ local mode holds exactly the object the API server would.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -70,6 +70,50 @@ class LedgerRollback(_Status):
     reason: str | None = Field(None, max_length=1024, description="Why, for the record.")
     since: str | None = Field(None, description="Undo only entries requested at or after this time (RFC 3339).")
     entries: list[str] = Field(default_factory=list, description="Undo only these entry ids (empty: all).")
+    requestedAt: str | None = Field(None, description="When it was asked for (RFC 3339); `kubectl unwind rollback` sets it, so asking again is a new request.")
+
+
+RollbackStepState = Literal["pending", "waiting", "running", "succeeded", "failed", "denied",
+                            "left", "skipped", "cancelled"]
+
+
+class RollbackStep(_Status):
+    """One frozen step of a rollback: the plan step (the fields of `unwind plan --json`) and
+    how its run went. Snake case, as the plan's JSON and the entries."""
+
+    index: int = Field(description="1-based position in the plan; the Job's name carries it.")
+    entry: str
+    tool: str
+    action: Literal["inverse", "compensate", "discard", "not_undoable", "unrecoverable", "lookup"]
+    undo_tool: str | None = None
+    arguments: dict[str, Any] | None = Field(None, description="The undo (or lookup) call's arguments, resolved when the plan was frozen.")
+    residue: list[str] = Field(default_factory=list)
+    requires_approval: bool = False
+    reason: str | None = Field(None, description="Why this action (the plan's reason).")
+    state: RollbackStepState = Field(description="pending, waiting (for an Approval), running (its Job exists), succeeded, failed, denied, left (not undoable or unrecoverable: reported, not run), skipped (the entry changed meanwhile), cancelled.")
+    job: str | None = Field(None, description="The Job running the step.")
+    idempotency_key: str | None = Field(None, description="The step's stable key (undo steps).")
+    attempts: int = Field(0, description="Jobs started for this step.")
+    outcome: str | None = Field(None, description="The step runner's outcome: undone, undo_failed, found, not_found, lookup_failed, ...")
+    message: str | None = Field(None, description="What happened, in a sentence.")
+    first_mismatch: str | None = Field(None, description="A failed read-back's first mismatch.")
+    approved_by: dict[str, Any] | None = Field(None, description="The Approval that let a requires_approval step run: user, groups, approval.")
+    started: str | None = None
+    finished: str | None = None
+
+
+class RollbackStatus(_Status):
+    """The rollback the operator runs: the request as it was frozen, and its steps."""
+
+    request: LedgerRollback = Field(description="spec.rollback when the plan was frozen.")
+    generation: int = Field(description="The ledger's metadata.generation of that request.")
+    planned: str = Field(description="When the plan was frozen (RFC 3339); deadlines are read as of then.")
+    replanned: str | None = Field(None, description="When entries found by their lookups were planned again.")
+    finished: str | None = Field(None, description="When the last step ended.")
+    error: str | None = Field(None, description="Why no plan could be made.")
+    reason: str | None = Field(None, description="With error: PlanFailed, PlanTooLarge or NoImage.")
+    skipped: int = Field(0, description="Selected entries with nothing to undo (skip steps, not listed).")
+    steps: list[RollbackStep] = Field(default_factory=list, description="In execution order.")
 
 
 class LedgerSpec(_Status):
@@ -89,7 +133,8 @@ class LedgerStatus(_Status):
     entryCount: int = Field(0, description="Entries on this page (a printer column).")
     lastState: str | None = Field(None, description="The state of the latest entry (a printer column).")
     observedGeneration: int | None = None
-    conditions: list[Condition] = Field(default_factory=list)
+    conditions: list[Condition] = Field(default_factory=list, description="On a run's first page: RollbackPlanned, RolledBack, Degraded, RetentionExpired.")
+    rollback: RollbackStatus | None = Field(None, description="On a run's first page: the rollback the operator runs (docs/rollback.md).")
 
 
 class ApprovalTarget(_Status):
@@ -163,6 +208,7 @@ KINDS: tuple[Kind, ...] = (
          "The record of one agent run's effects, written before and after each call.",
          (Column("Run", ".spec.run"), Column("Entries", ".status.entryCount", "integer"),
           Column("Last State", ".status.lastState"), Column("Page", ".spec.page", "integer", 1),
+          Column("Rolled Back", '.status.conditions[?(@.type=="RolledBack")].reason', "string", 1),
           Column("Age", ".metadata.creationTimestamp", "date"))),
     Kind("Approval", "approvals", (), ApprovalSpec, ApprovalStatus,
          "A recorded approve or deny decision on a manifest version or a ledger entry.",

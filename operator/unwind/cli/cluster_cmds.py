@@ -59,7 +59,9 @@ def cmd_operator(args: argparse.Namespace) -> int:
     config = Config(operator_namespace=namespace, namespaces=tuple(args.namespace or ()),
                     trusted_appliers=appliers, four_eyes=four_eyes == "true", bundle_window=window,
                     webhook=webhook, lease=Timing(lease, lease * 2 / 3, max(0.5, lease / 7.5)),
-                    key_check_seconds=args.key_check_seconds, gateway_image=args.gateway_image)
+                    key_check_seconds=args.key_check_seconds, gateway_image=args.gateway_image,
+                    rollback_parallelism=args.rollback_parallelism, lookup_seconds=args.lookup_interval,
+                    retention_dry_run=args.retention_dry_run)
     run(config, args.liveness, args.metrics_port)
     return 0
 
@@ -158,6 +160,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--gateway-image", default=os.environ.get("UNWIND_GATEWAY_IMAGE", ""),
                    help="image of the gateway sidecar injected into pods labelled "
                    "unwind.dev/inject=true (default $UNWIND_GATEWAY_IMAGE; empty: no injection)")
+    p.add_argument("--rollback-parallelism", type=int, default=4, help="undo Jobs of one ledger "
+                   "running at once, when their steps are independent (default 4)")
+    p.add_argument("--lookup-interval", type=float, default=60.0, help="seconds between lookups of "
+                   "a lost answer (doubling per failed attempt) and between retention passes (default 60)")
+    p.add_argument("--retention-dry-run", action="store_true", help="mark ledgers past their "
+                   "retention (condition RetentionExpired, Event RetentionDue), never delete them")
     p.add_argument("--key-check-seconds", type=float, default=10.0, help="how often the signing key "
                    "Secret and ConfigMap unwind-trust are checked (default 10)")
     p.add_argument("--lease-duration", default=os.environ.get("UNWIND_LEASE_SECONDS", "15"),

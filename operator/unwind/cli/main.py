@@ -52,6 +52,8 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 # The kubectl plugin's commands (plugin_cmds.COMMANDS) are listed here too, so that
 # looking them up imports no module.
 PLUGIN_COMMANDS = ("approve", "deny", "history", "diff", "status")
+# Commands that take kubectl's flags before them too (plan and rollback of ledger/NAME).
+HOISTED = (*PLUGIN_COMMANDS, "plan", "rollback")
 _MODULE_COMMANDS = {"keygen": ("registry_cmds",), "manifests": ("registry_cmds", "edit_cmds"),
                     "operator": ("cluster_cmds",), "dev": ("cluster_cmds",),
                     "rotate-signing-key": ("cluster_cmds",), "probe": ("cluster_cmds",),
@@ -91,7 +93,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     # `kubectl unwind -n NS status` hands the plugin `-n NS status`: accept kubectl's
     # connection flags before a plugin command too.
-    argv = hoist_kube_flags(list(sys.argv[1:] if argv is None else argv), PLUGIN_COMMANDS)
+    argv = hoist_kube_flags(list(sys.argv[1:] if argv is None else argv), HOISTED)
     usage.ARGV[:] = argv
     command = next((a for a in argv if not a.startswith("-")), None)
     parser = build_parser(command)

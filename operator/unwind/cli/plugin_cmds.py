@@ -331,6 +331,95 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
+# ---- plan / rollback (ledger/NAME: the cluster form of `unwind plan|rollback`) ---------
+
+def _ledger_plan(k: Kubectl, target: Target, args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
+    """The run's first page and its plan, made by the same planner as `unwind plan`, from
+    the ledger's pages and the versions the cluster records."""
+    from ..ledger.plan import PlanError, make_plan
+    from ..undo.sources import SourceError, snapshot
+    from .rollback_cmds import _selection, _when
+
+    first = _read(k, target)
+    if int(view.part(first, "spec").get("page") or 1) != 1:
+        raise Refusal(f"{target} is a continuation page of run {view.part(first, 'spec').get('run')}: "
+                      "name the run's first page")
+    try:
+        snap = snapshot([first], str(target), lambda name: k.get(RESOURCE_LEDGERS, name))
+        versions = view.cluster_versions(k.items(f"toolmanifests.{API_GROUP}"),
+                                         k.items("controllerrevisions", "-l", view.OWNER_LABEL),
+                                         current=bool(getattr(args, "current", False)))
+        plan = make_plan(snap.name, snap.entries, versions, now=_when(args), selection=_selection(args))
+    except (SourceError, PlanError, ValueError) as exc:
+        raise Refusal(str(exc)) from None
+    return first, plan
+
+
+RESOURCE_LEDGERS = f"effectledgers.{API_GROUP}"
+
+
+@_guarded()
+def cmd_cluster_plan(args: argparse.Namespace) -> int:
+    from .rollback_cmds import format_plan
+
+    target = view.parse_target(args.target, ("EffectLedger",))
+    _, plan = _ledger_plan(Kubectl.from_args(args), target, args)
+    if args.json:
+        print(json.dumps(plan.to_json(), indent=2, ensure_ascii=False))
+    else:
+        sys.stdout.write(format_plan(plan))
+    return 0
+
+
+@_guarded()
+def cmd_cluster_rollback(args: argparse.Namespace) -> int:
+    from ..ledger.entry import stamp
+    from .rollback_cmds import format_plan
+
+    target = view.parse_target(args.target, ("EffectLedger",))
+    if not args.reason or not args.reason.strip():
+        raise UsageError("say why with --reason TEXT: it is recorded with the rollback")
+    timeout = _timeout(args.timeout)
+    k = Kubectl.from_args(args)
+    _, plan = _ledger_plan(k, target, args)
+    sys.stdout.write(format_plan(plan))
+    patch = view.rollback_request(args.reason, args.since, args.entry or (), stamp())
+    try:
+        patched = k.json("patch", RESOURCE_LEDGERS, target.name, "--type=merge", "-p", json.dumps(patch))
+    except KubectlError as exc:
+        if exc.reason == "NotFound":
+            raise Refusal(f"{target} does not exist in {k.where}") from None
+        raise
+    generation = int(view.meta(patched).get("generation") or 0)
+    print(f"rollback of {target} requested (generation {generation}): the operator freezes the "
+          f"plan and runs one Job per step; follow it with `kubectl get jobs -l "
+          f"unwind.dev/ledger={target.name}`" + ("" if args.watch else " or --watch"))
+    if not args.watch:
+        return 0
+    return _watch_rollback(k, target, generation, timeout)
+
+
+def _watch_rollback(k: Kubectl, target: Target, generation: int, timeout: float) -> int:
+    deadline = time.monotonic() + timeout
+    seen: dict[int, str] = {}
+    while True:
+        obj = _read(k, target)
+        rb = view.status(obj).get("rollback")
+        if isinstance(rb, Mapping) and int(rb.get("generation") or 0) >= generation:
+            for line in view.step_lines(seen, rb):
+                print(line, flush=True)
+        done = view.rollback_done(obj, generation)
+        if done is not None:
+            ok, why = done
+            print(f"{target}: {'rolled back' if ok else 'not rolled back'}: {why}", flush=True)
+            return 0 if ok else 1
+        if time.monotonic() >= deadline:
+            print(f"error: timed out after {timeout:g}s; the rollback goes on (is the operator "
+                  "running?)", file=sys.stderr)
+            return 1
+        time.sleep(POLL_SECONDS)
+
+
 # ---- registration ---------------------------------------------------------------------
 
 def _common(p: argparse.ArgumentParser) -> None:

@@ -431,3 +431,73 @@ class Detail:
         rows = [(c.get("type"), c.get("status"), c.get("reason"), c.get("message")) for c in p["conditions"]]
         conds = table(("TYPE", "STATUS", "REASON", "MESSAGE"), rows) if rows else "(none yet)"
         return described(pairs) + "\nConditions:\n" + "\n".join(f"  {line}" for line in conds.splitlines())
+
+
+# ---- rollback: plan inputs and --watch ------------------------------------------------
+
+FINAL_REASONS = frozenset({"PlanFailed", "PlanTooLarge", "NoImage", "StepFailed", "Cancelled"})
+
+
+def cluster_versions(manifests: Iterable[Mapping[str, Any]], revisions: Iterable[Mapping[str, Any]],
+                     *, current: bool = False) -> Any:
+    """The plan's manifests from what the cluster records: every ControllerRevision whose
+    data matches its checksum, by checksum; today's set is the version each ToolManifest
+    publishes (``status.publishedChecksum``), which is what the bundle enforces."""
+    from ..ledger.plan import Versions
+    from ..manifest.canonical import checksum
+    from ..manifest.validate import validate_manifest
+
+    by_checksum: dict[str, Any] = {}
+    for r in revisions:
+        claimed = annotations_of(r).get(CHECKSUM_ANNOTATION)
+        model, issues = validate_manifest(revision_data(r))
+        if model is not None and not issues and claimed and checksum(model) == claimed:
+            by_checksum[claimed] = model
+    tools = {}
+    for obj in manifests:
+        published = status(obj).get("publishedChecksum")
+        if isinstance(published, str) and published in by_checksum:
+            model = by_checksum[published]
+            tools[model.tool] = model
+    return Versions(by_checksum, tools, current)
+
+
+def rollback_request(reason: str, since: str | None, entries: Sequence[str], at: str) -> dict[str, Any]:
+    """The merge patch of ``spec.rollback`` (``requestedAt`` makes asking again a new request)."""
+    return {"spec": {"rollback": {"requested": True, "reason": reason, "since": since,
+                                  "entries": list(entries), "requestedAt": at}}}
+
+
+def step_lines(seen: dict[int, str], rollback: Mapping[str, Any]) -> list[str]:
+    """A line for each step whose state changed since ``seen`` (updated in place), as
+    `kubectl rollout status` prints progress."""
+    steps = [s for s in rollback.get("steps") or [] if isinstance(s, Mapping)]
+    lines = []
+    for s in steps:
+        index, state_ = int(s.get("index") or 0), str(s.get("state") or "")
+        if seen.get(index) == state_:
+            continue
+        seen[index] = state_
+        what = f"{s.get('entry')} {s.get('action')}" + (f" {s['undo_tool']}" if s.get("undo_tool") else "")
+        detail = {"running": f"Job {s.get('job')}", "waiting": "needs an Approval of entry "
+                  f"{s.get('entry')}", "pending": ""}.get(state_, s.get("first_mismatch") or s.get("message") or "")
+        lines.append(f"step {index}/{len(steps)} {what}: {state_}" + (f": {detail}" if detail else ""))
+    return lines
+
+
+def rollback_done(obj: Mapping[str, Any], generation: int) -> tuple[bool, str] | None:
+    """(succeeded, why) once the rollback of ``generation`` has ended, else None."""
+    rb = status(obj).get("rollback")
+    if not isinstance(rb, Mapping) or int(rb.get("generation") or 0) < generation:
+        return None
+    conds = conditions(obj)
+    rolled, degraded = conds.get("RolledBack", {}), conds.get("Degraded", {})
+    if rolled.get("observedGeneration") not in (None, generation) and not rb.get("finished"):
+        return None
+    if rolled.get("status") == "True":
+        return True, str(rolled.get("message") or "rolled back")
+    if degraded.get("status") == "True" and rb.get("finished"):
+        return False, f"Degraded: {degraded.get('message')}"
+    if rolled.get("status") == "False" and rolled.get("reason") in FINAL_REASONS and rb.get("finished"):
+        return False, f"{rolled.get('reason')}: {rolled.get('message')}"
+    return None

@@ -55,10 +55,31 @@ def _inputs(args: argparse.Namespace) -> tuple[Any, Any, Any, datetime]:
     return snap, versions, _selection(args), _when(args)
 
 
+def _cluster_or_local(args: argparse.Namespace, command: str) -> str | None:
+    """Which form: "cluster" (ledger/NAME, kubectl plugin_cmds), else None after checking the
+    local form's required flags; a problem as an error message."""
+    if args.target:
+        if args.ledger:
+            raise ValueError("give ledger/NAME or --ledger FILE, not both")
+        return "cluster"
+    missing = [f for f, v in (("--ledger FILE", args.ledger), ("-m MANIFESTS", args.manifests)) if not v]
+    if missing:
+        raise ValueError(f"{command} needs {' and '.join(missing)} (a local ledger), or ledger/NAME "
+                         "for a ledger in the cluster")
+    return None
+
+
 def cmd_plan(args: argparse.Namespace) -> int:
     from ..ledger.plan import PlanError, make_plan
     from ..undo.sources import SourceError
 
+    try:
+        if _cluster_or_local(args, "plan"):
+            from .plugin_cmds import cmd_cluster_plan
+
+            return cmd_cluster_plan(args)
+    except ValueError as exc:
+        return fail(args, "usage", str(exc), 2)
     try:
         snap, versions, selection, moment = _inputs(args)
         plan = make_plan(snap.name, snap.entries, versions, now=moment, selection=selection)
@@ -109,6 +130,15 @@ def cmd_rollback(args: argparse.Namespace) -> int:
     from ..undo.local import execute, open_ledger, plan_local
     from ..undo.sources import SourceError, load_versions
 
+    try:
+        if _cluster_or_local(args, "rollback"):
+            from .plugin_cmds import cmd_cluster_rollback
+
+            return cmd_cluster_rollback(args)
+    except ValueError as exc:
+        return fail(args, "usage", str(exc), 2)
+    if args.reason or args.watch:
+        return fail(args, "usage", "--reason and --watch are for a cluster ledger (ledger/NAME)", 2)
     try:
         ledger = open_ledger(args.ledger)
         versions = load_versions(args.manifests, args.versions or (), current=args.current)
@@ -297,11 +327,13 @@ def cmd_ledger_verify(args: argparse.Namespace) -> int:
 # ---- registration ----
 
 def _plan_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--ledger", required=True, metavar="FILE", help="a ledger file: "
+    p.add_argument("target", nargs="?", metavar="ledger/NAME", help="a ledger in the cluster "
+                   "(kubectl unwind ...): read with kubectl, with the versions the cluster records")
+    p.add_argument("--ledger", metavar="FILE", help="a ledger file: "
                    "<ledger-dir>/<run>.json of the local gateway, or `kubectl get effectledger "
                    "NAME -o json` saved (its pages are read too)")
-    p.add_argument("-m", "--manifests", nargs="+", required=True, metavar="PATH",
-                   help="today's manifests (files or folders, one set)")
+    p.add_argument("-m", "--manifests", nargs="+", metavar="PATH",
+                   help="today's manifests (files or folders, one set; local ledgers)")
     p.add_argument("--versions", nargs="+", metavar="PATH", help="older manifest versions the "
                    "entries may have run under (matched by checksum)")
     p.add_argument("--current", action="store_true", help="plan an entry whose manifest version "
@@ -315,12 +347,15 @@ def _plan_flags(p: argparse.ArgumentParser) -> None:
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from .kubectl import add_kube_flags
+
     p = sub.add_parser("plan", help="show what a rollback of a run would do (calls nothing)",
                        description="The undo plan of a run's ledger: each entry's step in "
                        "execution order, with the undo tool, residue, approval and why. "
                        "See docs/rollback.md.")
     _plan_flags(p)
     p.add_argument("--json", action="store_true", help="the plan as JSON")
+    add_kube_flags(p)
     p.set_defaults(func=cmd_plan)
 
     p = sub.add_parser("rollback", help="run a run's undo plan locally, recording each outcome "
@@ -334,6 +369,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    "recorded in each entry (default UNWIND_ACTOR, else local:<user>)")
     p.add_argument("--secrets-dir", metavar="DIR", help="secrets as DIR/<name>/<key> files "
                    "(the environment's UNWIND_SECRET_<NAME>_<KEY> is read too)")
+    cluster = p.add_argument_group("a ledger in the cluster (ledger/NAME)")
+    cluster.add_argument("--reason", metavar="TEXT", help="why (required): recorded in spec.rollback")
+    cluster.add_argument("--watch", action="store_true", help="follow the steps until the ledger "
+                         "is RolledBack (exit 0) or Degraded (exit 1)")
+    cluster.add_argument("--timeout", default="10m", help="how long --watch follows (default 10m)")
+    add_kube_flags(p)
     p.set_defaults(func=cmd_rollback)
 
     p = sub.add_parser("undo-step", help="run one undo step and print its result as one JSON "
@@ -347,8 +388,6 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--secrets-dir", metavar="DIR", help="secrets as DIR/<name>/<key> files "
                    "(default $UNWIND_SECRETS_DIR; the environment is read too)")
     p.set_defaults(func=cmd_undo_step)
-
-    from .kubectl import add_kube_flags
 
     ledger = sub.add_parser("ledger", help="signed evidence of a run: export and verify")
     lsub = ledger.add_subparsers(dest="ledger_command", required=True, metavar="COMMAND")

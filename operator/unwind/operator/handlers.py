@@ -28,8 +28,9 @@ from ..api.conditions import now_rfc3339
 from . import metrics
 from .hooks import Admission, WebhookConfig, reader
 from .inject import Sidecar
+from .jobs import RollbackConfig, RollbackLoop, RollbackWorker, relevant
 from .keys import KeyKeeper
-from .kube import APPROVALS, BUNDLE_LABEL, PLURAL, Kube
+from .kube import APPROVALS, BUNDLE_LABEL, LEDGERS, PLURAL, Kube
 from .leader import Elector, Timing
 from .ledgers import decide_entries, decisions_for, ledger_targets
 from .reconcile import Settings, failure_statuses, plan
@@ -47,7 +48,10 @@ class Config:
     bundle_window: float = 1.0
     resync_seconds: float = 300.0
     key_check_seconds: float = 10.0
-    gateway_image: str = ""  # the sidecar's image; empty: pods are not injected
+    gateway_image: str = ""  # the sidecar's image (and the undo Jobs'); empty: pods are not injected
+    rollback_parallelism: int = 4  # undo Jobs running at once per ledger
+    lookup_seconds: float = 60.0  # lost answers looked up, and retention checked, this often
+    retention_dry_run: bool = False
     workers: int = 8
     webhook: WebhookConfig = field(default_factory=WebhookConfig)
     lease: Timing = field(default_factory=Timing)
@@ -181,6 +185,10 @@ def build_registry(config: Config, api: client.ApiClient) -> kopf.OperatorRegist
                           sidecar=Sidecar(config.gateway_image, config.operator_namespace)
                           if config.gateway_image else None)
     server = WebhookServer(tls, admission, config.webhook.addr, config.webhook.port)
+    # Rollbacks, lost answers and retention (jobs.py): a loop of their own, leader only.
+    rollbacks = RollbackLoop(RollbackWorker(kube, RollbackConfig(
+        config.gateway_image, config.rollback_parallelism, config.lookup_seconds, config.retention_dry_run),
+        lambda: state["keeper"].keys.all_public()), elector.leading)
 
     @kopf.on.login(registry=registry)
     def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
@@ -206,6 +214,7 @@ def build_registry(config: Config, api: client.ApiClient) -> kopf.OperatorRegist
         state["tasks"] = [asyncio.create_task(_resync(namespaces, config.resync_seconds)),
                           asyncio.create_task(tls.run()), asyncio.create_task(server.serve()),
                           asyncio.create_task(elector.run()),
+                          asyncio.create_task(rollbacks.timer(config.lookup_seconds)),
                           asyncio.create_task(_keep_keys(keeper, admission, namespaces, elector.leading,
                                                          config.key_check_seconds))]
 
@@ -214,20 +223,35 @@ def build_registry(config: Config, api: client.ApiClient) -> kopf.OperatorRegist
         for task in state.get("tasks", ()):
             task.cancel()
         await namespaces.stop()
+        await rollbacks.stop()
 
     @kopf.on.event(API_GROUP, API_VERSION, PLURAL, registry=registry)  # type: ignore[arg-type]
     async def manifest_changed(namespace: str, **_: Any) -> None:
         namespaces.touch(namespace)  # kopf starts watching only after startup completed
 
     @kopf.on.event(API_GROUP, API_VERSION, APPROVALS, registry=registry)  # type: ignore[arg-type]
-    async def approval_changed(namespace: str, **_: Any) -> None:
+    async def approval_changed(namespace: str, spec: Any, **_: Any) -> None:
         namespaces.touch(namespace)
+        ledger = ((spec or {}).get("target") or {}).get("effectLedger")
+        if ledger:  # it may let a rollback step that waits for it run
+            rollbacks.touch(namespace, str(ledger))
 
     @kopf.on.event("", "v1", "configmaps", labels={BUNDLE_LABEL: "true"},  # type: ignore[arg-type]
                    registry=registry)
     async def bundle_changed(namespace: str, **_: Any) -> None:
         # Our own writes come back here too: the reconcile then finds nothing to change.
         namespaces.touch(namespace)
+
+    @kopf.on.event(API_GROUP, API_VERSION, LEDGERS, registry=registry)  # type: ignore[arg-type]
+    async def ledger_changed(namespace: str, name: str, body: Any, **_: Any) -> None:
+        rollbacks.seen(namespace)
+        if relevant(dict(body)):
+            rollbacks.touch(namespace, name)
+
+    @kopf.on.event("batch", "v1", "jobs", labels={"unwind.dev/ledger": kopf.PRESENT},  # type: ignore[arg-type]
+                   registry=registry)
+    async def undo_job_changed(namespace: str, labels: Any, **_: Any) -> None:
+        rollbacks.touch(namespace, str(labels.get("unwind.dev/ledger")))
 
     return registry
 

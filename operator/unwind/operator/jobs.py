@@ -1,0 +1,479 @@
+"""Rollbacks and lost answers in the cluster: the API calls, and one loop per namespace.
+
+A change of an EffectLedger, or of a Job labelled ``unwind.dev/ledger``, marks the ledger
+dirty; a timer marks every ledger of every known namespace dirty (lookups of lost
+answers, retention). One loop per namespace then, on the leader only:
+
+1. **gathers** each dirty ledger (its first page and every continuation page), the undo
+   Jobs of the namespace with their pods' termination messages, and, only when a plan or a
+   step needs them, the manifest versions (ControllerRevisions by checksum; today's set
+   from the verified bundle) and the Approvals;
+2. **decides** with pure code (``rollback.decide``, ``retention.decide``);
+3. **writes** in this order: the entries and the first page's status (conditional on the
+   resourceVersion read: a conflict ends the pass for that ledger and marks it dirty
+   again), then the Jobs (409: it exists, it ran or runs), then deletions and Events. Writing the status first is what makes a restart safe: a Job is
+   only ever created for a step already recorded as running, with its entry ``undoing``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+from pydantic import ValidationError
+
+from .. import API_GROUP, API_VERSION
+from ..api.conditions import now_rfc3339
+from ..bundle import BundleError, load_bundle
+from ..ledger.entry import ApprovalDecision, Entry
+from ..ledger.plan import Versions
+from ..ledger.store import Stale
+from ..manifest.canonical import checksum
+from ..manifest.model import ToolManifest
+from ..manifest.validate import validate_manifest
+from ..registry.signing import TrustStore
+from .approval import ApprovalObject
+from .identity import APPROVER
+from .kube import (
+    APPROVALS,
+    CHECKSUM_ANNOTATION,
+    COMPONENT,
+    LEDGERS,
+    OWNER_LABEL,
+    Kube,
+    _discard,
+    _json,
+    _kept,
+    _message,
+)
+from .ledgers import decisions_for
+from .objects import Event
+from .retention import Retention
+from .retention import decide as decide_retention
+from .rollback import Context, Decision, JobView, LedgerView, decide
+from .undojob import LEDGER_LABEL
+
+log = logging.getLogger("unwind.operator.rollback")
+PAGE = 20  # ledgers are large: list them a few at a time
+ALL: frozenset[str] = frozenset()  # "every ledger of the namespace"
+
+
+class Conflict(Exception):
+    """A page changed since it was read: the ledger is decided again on the next pass."""
+
+
+@dataclass(frozen=True)
+class RollbackConfig:
+    image: str = ""
+    parallelism: int = 4
+    lookup_every: float = 60.0
+    retention_dry_run: bool = False
+    window: float = 0.2
+
+
+@dataclass
+class _Ledger:
+    pages: list[dict[str, Any]]  # raw objects, first page first
+
+    @property
+    def first(self) -> dict[str, Any]:
+        return self.pages[0]
+
+
+def _entries_of(page: dict[str, Any]) -> list[dict[str, Any]]:
+    return list((page.get("status") or {}).get("entries") or [])
+
+
+def job_view(job: dict[str, Any], pods: list[dict[str, Any]]) -> JobView:
+    """How a Job ended, and the message of its succeeded pod (else of its latest pod)."""
+    name = job["metadata"]["name"]
+    status = job.get("status") or {}
+    conds = {c.get("type"): c for c in status.get("conditions") or [] if c.get("status") == "True"}
+    phase = "succeeded" if "Complete" in conds else "failed" if "Failed" in conds else "running"
+    why = ""
+    if "Failed" in conds:
+        why = f"{conds['Failed'].get('reason') or ''}: {conds['Failed'].get('message') or ''}".strip(": ")
+    chosen = sorted(pods, key=lambda p: (((p.get("status") or {}).get("phase") == "Succeeded"),
+                                         p["metadata"].get("creationTimestamp") or ""))
+    message = None
+    for pod in reversed(chosen):
+        for cs in (pod.get("status") or {}).get("containerStatuses") or []:
+            term = (cs.get("state") or {}).get("terminated") or {}
+            if term.get("message"):
+                message = str(term["message"])
+                break
+        if message:
+            break
+    return JobView(name, phase, message, why)
+
+
+class RollbackWorker:
+    """The synchronous part: one pass over a namespace (run in a thread)."""
+
+    def __init__(self, kube: Kube, config: RollbackConfig, trust: Callable[[], TrustStore]) -> None:
+        self.kube, self.config, self.trust = kube, config, trust
+        api = kube.core.api_client
+        self.custom: Any = kube.custom
+        self.core: Any = kube.core
+        self.batch: Any = client.BatchV1Api(api)
+        self.refused: dict[tuple[str, str], str] = {}  # (namespace, job) -> why (in memory)
+
+    # ---- gather ---------------------------------------------------------------------
+    def _pages(self, call: Any, *args: Any, **kwargs: Any) -> Iterator[dict[str, Any]]:
+        token = None
+        while True:
+            page = _json(call(*args, **kwargs, limit=PAGE, _continue=token, _preload_content=False))
+            yield from page["items"]
+            token = (page.get("metadata") or {}).get("continue")
+            if not token:
+                return
+
+    def _get(self, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            return dict(_json(self.custom.get_namespaced_custom_object(
+                API_GROUP, API_VERSION, namespace, LEDGERS, name, _preload_content=False)))
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def _ledger(self, namespace: str, first: dict[str, Any]) -> _Ledger:
+        pages, seen = [first], {first["metadata"]["name"]}
+        nxt = (first.get("status") or {}).get("next")
+        while nxt and nxt not in seen:
+            seen.add(nxt)
+            page = self._get(namespace, nxt)
+            if page is None:
+                break
+            pages.append(page)
+            nxt = (page.get("status") or {}).get("next")
+        return _Ledger(pages)
+
+    def first_pages(self, namespace: str, names: frozenset[str]) -> Iterator[dict[str, Any]]:
+        """The first page of each named ledger (a continuation page names its run), or of
+        every ledger when ``names`` is empty."""
+        if not names:
+            for obj in self._pages(self.custom.list_namespaced_custom_object, API_GROUP, API_VERSION,
+                                   namespace, LEDGERS):
+                if int((obj.get("spec") or {}).get("page") or 1) == 1:
+                    yield obj
+            return
+        runs = {n.split(".p", 1)[0] if ".p" in n else n for n in names}
+        for run in sorted(runs):
+            found = self._get(namespace, run)
+            if found is not None:
+                yield found
+
+    def jobs(self, namespace: str) -> dict[str, JobView]:
+        pods: dict[str, list[dict[str, Any]]] = {}
+        for pod in self._pages(self.core.list_namespaced_pod, namespace, label_selector=LEDGER_LABEL):
+            owner = (pod["metadata"].get("labels") or {}).get("job-name")
+            if owner:
+                pods.setdefault(owner, []).append(pod)
+        return {j["metadata"]["name"]: job_view(j, pods.get(j["metadata"]["name"], []))
+                for j in self._pages(self.batch.list_namespaced_job, namespace, label_selector=LEDGER_LABEL)}
+
+    def versions(self, namespace: str) -> Versions:
+        """Every version recorded in the namespace by checksum (ControllerRevisions whose
+        data matches their checksum), and today's enforced set from the verified bundle."""
+        by_checksum: dict[str, ToolManifest] = {}
+        for r in self._pages(self.kube.apps.list_namespaced_controller_revision, namespace,
+                             label_selector=OWNER_LABEL):
+            claimed = ((r["metadata"].get("annotations") or {}).get(CHECKSUM_ANNOTATION))
+            m, issues = validate_manifest(r.get("data") or {})
+            if m is not None and not issues and checksum(m) == claimed:
+                by_checksum[claimed] = m
+        tools: dict[str, ToolManifest] = {}
+        data, _, _ = self.kube._bundle(namespace)
+        if data:
+            try:
+                tools = dict(load_bundle(data, self.trust(), namespace=namespace).manifests)
+            except BundleError as exc:
+                log.warning("namespace %s: the bundle does not verify (%s): undo steps cannot be "
+                            "built until it does", namespace, exc)
+        for m in tools.values():
+            by_checksum.setdefault(checksum(m), m)
+        return Versions(by_checksum, tools)
+
+    def decisions(self, namespace: str, names: list[str]) -> dict[str, list[ApprovalDecision]]:
+        approvals = [ApprovalObject(a["metadata"]["name"], a["metadata"].get("creationTimestamp") or "",
+                                    a.get("spec"), _kept(a["metadata"], APPROVER.all()))
+                     for a in self._pages(self.custom.list_namespaced_custom_object, API_GROUP,
+                                          API_VERSION, namespace, APPROVALS)]
+        out: dict[str, list[ApprovalDecision]] = {}
+        for name in names:
+            for entry, found in decisions_for(name, namespace, approvals, self.trust()).items():
+                out.setdefault(entry, []).extend(found)
+        for found in out.values():
+            found.sort(key=lambda d: (d.created, d.decision != "deny", d.name))
+        return out
+
+    # ---- one pass ---------------------------------------------------------------------
+    def reconcile(self, namespace: str, names: frozenset[str]) -> set[str]:
+        """Decide and write every dirty ledger; returns the ledgers to look at again soon
+        (a conflict, a Job still running)."""
+        again: set[str] = set()
+        cache: dict[str, Any] = {}
+
+        def versions() -> Versions:
+            if "versions" not in cache:
+                cache["versions"] = self.versions(namespace)
+            return cache["versions"]  # type: ignore[no-any-return]
+
+        def jobs() -> dict[str, JobView]:
+            if "jobs" not in cache:
+                cache["jobs"] = self.jobs(namespace)
+            return cache["jobs"]  # type: ignore[no-any-return]
+        now = datetime.now(UTC)
+        full = not names
+        for first in self.first_pages(namespace, names):
+            name = first["metadata"]["name"]
+            try:
+                if self._one(namespace, first, versions, jobs, now, full):
+                    again.add(name)
+            except Conflict:
+                again.add(name)
+            except ApiException as exc:
+                if exc.status in (404, 409):
+                    again.add(name)
+                    continue
+                raise
+        return again
+
+    def _one(self, namespace: str, first: dict[str, Any], versions: Callable[[], Versions],
+             jobs: Callable[[], dict[str, JobView]], now: datetime, full: bool) -> bool:
+        status = first.get("status") or {}
+        spec = first.get("spec") or {}
+        requested = bool((spec.get("rollback") or {}).get("requested"))
+        rb = status.get("rollback")
+        busy = requested or (rb is not None and not rb.get("finished"))
+        ledger = self._ledger(namespace, first)
+        entries: list[Entry] = []
+        for page in ledger.pages:
+            for raw in _entries_of(page):
+                try:
+                    entries.append(Entry.model_validate(raw))
+                except ValidationError:
+                    continue  # a malformed entry is reported by `kubectl unwind plan`
+        uncertain = any(e.state == "uncertain" for e in entries)
+        if not busy and not uncertain and not full:
+            return False
+        meta = first["metadata"]
+        view = LedgerView(meta["name"], meta["uid"], str(spec.get("run") or meta["name"]),
+                          int(meta.get("generation") or 1), spec.get("rollback"), rb,
+                          list(status.get("conditions") or []), entries)
+        decisions = self._approvals_needed(namespace, ledger, rb)
+        refused = {n: w for (ns, n), w in self.refused.items() if ns == namespace}
+        ctx = Context(namespace, now, self.config.image, self.config.parallelism, self.config.lookup_every)
+        decision = decide(view, versions, jobs() if (busy or uncertain) else {}, decisions, ctx, refused)
+        delete = False
+        if full and not busy:
+            kept = decision.status.get("conditions", view.conditions)
+            retention: Retention = decide_retention(view, meta.get("creationTimestamp") or "", versions,
+                                                    now, dry_run=self.config.retention_dry_run,
+                                                    grace=self.config.lookup_every, conditions=kept)
+            if retention.conditions is not None:
+                decision.status["conditions"] = retention.conditions
+            decision.events.extend(retention.events)
+            delete = retention.delete
+        if delete:
+            self._delete_ledger(namespace, ledger)
+            self._events(namespace, meta, decision.events)
+            return False
+        if decision.empty:
+            return False
+        self._write(namespace, ledger, decision)
+        return any(s.get("state") == "running" for s in (decision.status.get("rollback") or rb or {}).get("steps") or [])
+
+    def _approvals_needed(self, namespace: str, ledger: _Ledger,
+                          rb: dict[str, Any] | None) -> dict[str, list[ApprovalDecision]]:
+        steps = (rb or {}).get("steps") or []
+        if not any(s.get("requires_approval") and s.get("state") in ("pending", "waiting") for s in steps):
+            return {}
+        return self.decisions(namespace, [p["metadata"]["name"] for p in ledger.pages])
+
+    # ---- write ------------------------------------------------------------------------
+    def _write(self, namespace: str, ledger: _Ledger, d: Decision) -> None:
+        for page in reversed(ledger.pages):  # the first page (with the rollback) last
+            first = page is ledger.first
+            entries, changed = _apply(_entries_of(page), d.changes)
+            if not changed and not (first and d.status):
+                continue
+            status = dict(page.get("status") or {})
+            status["entries"] = entries
+            if entries:
+                status["lastState"] = entries[-1].get("state")
+            if first:
+                status.update(d.status)
+            body = {**page, "status": status}
+            try:
+                _discard(self.custom.replace_namespaced_custom_object_status(
+                    API_GROUP, API_VERSION, namespace, LEDGERS, page["metadata"]["name"], body,
+                    _preload_content=False))
+            except ApiException as exc:
+                if exc.status == 409:
+                    raise Conflict(page["metadata"]["name"]) from None
+                raise
+        for body in d.jobs:
+            self._create_job(namespace, body)
+        for name in d.delete_jobs:
+            with contextlib.suppress(ApiException):
+                self.batch.delete_namespaced_job(name, namespace, propagation_policy="Background")
+        self._events(namespace, ledger.first["metadata"], d.events)
+
+    def _create_job(self, namespace: str, body: dict[str, Any]) -> None:
+        name = body["metadata"]["name"]
+        try:
+            _discard(self.batch.create_namespaced_job(namespace, body, _preload_content=False))
+            log.info("namespace %s: created Job %s", namespace, name)
+        except ApiException as exc:
+            if exc.status == 409:
+                return  # created before: it runs or ran
+            if exc.status is not None and 400 <= exc.status < 500 and exc.status != 429:
+                self.refused[(namespace, name)] = f"{exc.status} {exc.reason}: {_message(exc)}"
+                log.warning("namespace %s: Job %s refused: %s", namespace, name, self.refused[(namespace, name)])
+                return
+            raise
+
+    def _delete_ledger(self, namespace: str, ledger: _Ledger) -> None:
+        for page in reversed(ledger.pages):
+            with contextlib.suppress(ApiException):
+                self.custom.delete_namespaced_custom_object(
+                    API_GROUP, API_VERSION, namespace, LEDGERS, page["metadata"]["name"])
+        log.info("namespace %s: deleted ledger %s (%d pages) past its retention", namespace,
+                 ledger.first["metadata"]["name"], len(ledger.pages))
+
+    def _events(self, namespace: str, meta: dict[str, Any], events: list[Event]) -> None:
+        for event in events:
+            now = now_rfc3339()
+            body = {
+                "apiVersion": "v1", "kind": "Event",
+                "metadata": {"generateName": f"{event.name[:200].rstrip('.-')}.", "namespace": namespace},
+                "involvedObject": {"apiVersion": f"{API_GROUP}/{API_VERSION}", "kind": event.kind,
+                                   "name": event.name, "namespace": namespace, "uid": meta.get("uid", "")},
+                "type": event.type, "reason": event.reason, "message": event.message[:1024],
+                "source": {"component": COMPONENT}, "reportingComponent": COMPONENT,
+                "firstTimestamp": now, "lastTimestamp": now, "count": 1,
+            }
+            try:
+                _discard(self.core.create_namespaced_event(namespace, body, _preload_content=False))
+            except ApiException as exc:  # an event is a courtesy
+                log.warning("could not post event %s/%s: %s", namespace, event.name, exc.reason)
+
+
+def _apply(entries: list[dict[str, Any]], changes: dict[str, Any]) -> tuple[list[dict[str, Any]], bool]:
+    """The page's entries with the changes applied to the entries they name (a change that
+    finds its entry in another state raises Stale and is dropped)."""
+    out, changed = [], False
+    for raw in entries:
+        change = changes.get(str(raw.get("id")))
+        if change is None:
+            out.append(raw)
+            continue
+        try:
+            new = change(Entry.model_validate(raw)).to_json()
+        except (Stale, ValidationError):
+            out.append(raw)
+            continue
+        changed = changed or new != raw
+        out.append(new)
+    return out, changed
+
+
+@dataclass
+class RollbackLoop:
+    """Dirty ledgers by namespace, one coalescing loop per namespace (leader only), and the
+    timer that looks at every ledger (lost answers, retention)."""
+
+    worker: RollbackWorker
+    leading: asyncio.Event | None = None
+    dirty: dict[str, set[str]] = field(default_factory=dict)  # namespace -> names (empty: all)
+    wakeups: dict[str, asyncio.Event] = field(default_factory=dict)
+    tasks: dict[str, asyncio.Task[None]] = field(default_factory=dict)
+    known: set[str] = field(default_factory=set)  # namespaces that hold ledgers
+    poll: float = 5.0  # look again at ledgers with running steps (a missed Job event)
+
+    def seen(self, namespace: str) -> None:
+        """A namespace with ledgers: the timer passes over it."""
+        self.known.add(namespace)
+
+    def touch(self, namespace: str, name: str | None = None) -> None:
+        """Mark a ledger (None: every ledger) of the namespace dirty."""
+        names = self.dirty.get(namespace)
+        if name is None:
+            self.dirty[namespace] = set()
+        elif names is None:
+            self.dirty[namespace] = {name}
+        elif names:
+            names.add(name)
+        self.wakeups.setdefault(namespace, asyncio.Event()).set()
+        if namespace not in self.tasks or self.tasks[namespace].done():
+            self.tasks[namespace] = asyncio.create_task(self._loop(namespace), name=f"unwind-rollback:{namespace}")
+
+    async def _loop(self, namespace: str) -> None:
+        wake = self.wakeups[namespace]
+        backoff = 1.0
+        while True:
+            await wake.wait()
+            await asyncio.sleep(self.worker.config.window)  # let a burst of events settle
+            wake.clear()
+            if self.leading is not None:
+                await self.leading.wait()
+            names = self.dirty.pop(namespace, None)
+            if names is None:
+                continue
+            try:
+                again = await asyncio.to_thread(self.worker.reconcile, namespace, frozenset(names))
+                backoff = 1.0
+            except Exception as exc:  # retried: temporary trouble must not stop the loop
+                log.warning("rollback pass of namespace %s failed, retrying in %.0fs: %s", namespace,
+                            backoff, exc)
+                self._merge(namespace, names)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 60.0)
+                wake.set()
+                continue
+            if again:
+                asyncio.get_running_loop().call_later(self.poll, self._again, namespace, again)
+
+    def _merge(self, namespace: str, names: set[str]) -> None:
+        if not names:
+            self.dirty[namespace] = set()
+        elif self.dirty.get(namespace):
+            self.dirty[namespace] |= names
+        elif namespace not in self.dirty:
+            self.dirty[namespace] = set(names)
+
+    def _again(self, namespace: str, names: set[str]) -> None:
+        for name in names:
+            self.touch(namespace, name)
+
+    async def timer(self, every: float) -> None:
+        """Every ``every`` seconds, every ledger of every namespace seen."""
+        while True:
+            await asyncio.sleep(every)
+            for namespace in sorted(self.known | set(self.tasks)):
+                self.touch(namespace)
+
+    async def stop(self) -> None:
+        for task in self.tasks.values():
+            task.cancel()
+        await asyncio.gather(*self.tasks.values(), return_exceptions=True)
+
+
+def relevant(body: dict[str, Any]) -> bool:
+    """Whether a ledger event needs a pass: a rollback asked for or running, or a lost answer."""
+    spec, status = body.get("spec") or {}, body.get("status") or {}
+    if (spec.get("rollback") or {}).get("requested"):
+        return True
+    rb = status.get("rollback")
+    if rb is not None and not rb.get("finished"):
+        return True
+    return any(isinstance(e, dict) and e.get("state") == "uncertain" for e in status.get("entries") or [])

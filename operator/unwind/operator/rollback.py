@@ -1,0 +1,725 @@
+"""A run's rollback in the cluster, as a pure function: ledger, Jobs and clock in; what to
+write out (the ledger's status, entry changes, Jobs to create, Events).
+
+The operator is level-triggered. Everything it needs to go on is in the API server: the
+frozen plan and each step's state in the first page's ``status.rollback``, each entry's
+state (``undoing`` is written before its Job is created), and the Jobs themselves, named
+deterministically (``undojob.job_name``). Killed at any moment and restarted, the next
+pass reads those and continues: a step whose Job exists is never started again (a create
+answers 409), a step whose Job finished is recorded from the Job's termination message,
+and a retried undo carries the step's idempotency key, so the upstream deduplicates it.
+
+The order (docs/rollback.md, "In the cluster"):
+
+1. ``spec.rollback.requested`` with a generation the status has not frozen yet: the plan
+   is made (``unwind.ledger.plan``, as of now) and frozen, skip steps counted, the others
+   listed. Steps of an earlier request still running are recorded first.
+2. Lookups first. When one found its effect, the undo steps are planned again once every
+   lookup is done, so found entries take their place.
+3. Then the undo steps in plan order, at most ``parallelism`` at once. A step starts when
+   every earlier unfinished step is *independent* of it: a different entry, and neither
+   entry's tool ``requires`` the other's tool (in the manifest versions they ran under).
+   That is the only order the planner has a reason for; the rest of "newest first" does
+   not say that one undo needs another done first.
+4. A step whose compensation ``requires_approval`` waits for a stamped Approval of its
+   entry made after the plan was frozen; a deny ends it ``denied``.
+5. A failed step stops the rollback: nothing new starts, the running steps are recorded,
+   and the ledger is ``Degraded`` naming the failed steps. Asking again (a new request)
+   plans again from the entries: undone ones are skipped, failed ones retried.
+
+Outside a rollback, ``uncertain`` entries (the answer was lost) are looked up on a timer
+through their manifest's lookup, each attempt a Job, and become ``succeeded`` (found, with
+the handle completed from the answer) or ``failed`` (404: it never happened).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from pydantic import ValidationError
+
+from ..api.conditions import set_condition
+from ..api.resources import LedgerRollback, RollbackStatus
+from ..ledger.entry import ApprovalDecision, Entry, EntryError, Handle, parse_stamp, stamp
+from ..ledger.plan import UNDOING, PlanError, Selection, Step, Versions, make_plan, plan_entry
+from ..ledger.stepinput import step_input, step_key
+from ..ledger.store import Stale
+from .objects import Event
+from .undojob import deadline_seconds, job_body, job_name, lookup_job_name, step_problem, step_text
+
+UNDOABLE_STATES = frozenset({"succeeded", "undoing", "undo_failed"})
+LOOKUP_STATES = frozenset({"uncertain", "pending"})
+OK_STATES = frozenset({"succeeded", "left", "skipped"})  # a later step may go on
+FAILED_STATES = frozenset({"failed", "denied"})
+TERMINAL = OK_STATES | FAILED_STATES | {"cancelled"}
+MAX_FROZEN_BYTES = 400 * 1024  # the frozen plan shares the first page with its entries
+BY = "unwind-operator"
+KIND = "EffectLedger"
+MAX_LOOKUP_WAIT = 3600.0
+
+PLANNED, ROLLED_BACK, DEGRADED = "RollbackPlanned", "RolledBack", "Degraded"
+
+
+class Reason:
+    """Condition reasons (docs/rollback.md lists them)."""
+
+    PLANNED = "Planned"
+    PLAN_FAILED = "PlanFailed"
+    PLAN_TOO_LARGE = "PlanTooLarge"
+    NO_IMAGE = "NoImage"
+    SUPERSEDING = "Superseding"
+    IN_PROGRESS = "InProgress"
+    WAITING_FOR_APPROVAL = "WaitingForApproval"
+    ROLLED_BACK = "RolledBack"
+    STEP_FAILED = "StepFailed"
+    CANCELLED = "Cancelled"
+    NO_FAILURES = "NoFailures"
+
+
+Change = Callable[[Entry], Entry]
+
+
+@dataclass(frozen=True)
+class JobView:
+    """A Job as the operator sees it: how it ended, and its pod's termination message."""
+
+    name: str
+    phase: str  # running | succeeded | failed
+    message: str | None = None  # the step runner's JSON line, when a pod wrote one
+    why: str = ""  # a failed Job's condition (DeadlineExceeded, BackoffLimitExceeded)
+
+
+@dataclass
+class LedgerView:
+    """A run's first page and the entries of all its pages."""
+
+    name: str
+    uid: str
+    run: str
+    generation: int
+    request: dict[str, Any] | None
+    rollback: dict[str, Any] | None
+    conditions: list[dict[str, Any]]
+    entries: list[Entry]
+
+
+@dataclass(frozen=True)
+class Context:
+    namespace: str
+    now: datetime
+    image: str
+    parallelism: int = 4
+    lookup_every: float = 60.0  # seconds between lookups of a lost answer (doubling)
+
+
+@dataclass
+class Decision:
+    status: dict[str, Any] = field(default_factory=dict)  # first page status fields to set
+    changes: dict[str, Change] = field(default_factory=dict)  # entry id -> change
+    jobs: list[dict[str, Any]] = field(default_factory=list)  # Job bodies to create
+    delete_jobs: list[str] = field(default_factory=list)
+    events: list[Event] = field(default_factory=list)
+
+    @property
+    def empty(self) -> bool:
+        return not (self.status or self.changes or self.jobs or self.delete_jobs or self.events)
+
+
+def decide(ledger: LedgerView, versions: Callable[[], Versions], jobs: Mapping[str, JobView],
+           decisions: Mapping[str, Sequence[ApprovalDecision]], ctx: Context,
+           refused: Mapping[str, str] | None = None) -> Decision:
+    """What to write for one ledger. ``versions`` is called only when a plan or a step input
+    must be made; ``decisions`` are the stamped Approvals of its entries; ``refused`` are
+    Jobs the API server would not create (by name: why)."""
+    p = _Pass(ledger, versions, jobs, decisions, ctx, refused or {})
+    p.rollback()
+    p.lookups()
+    return p.result()
+
+
+def clean(value: Any) -> Any:
+    """Without None and empty strings: the local 1.20 API server refuses "" inside the
+    items of a custom resource's lists (as Entry.to_json does)."""
+    if isinstance(value, dict):
+        return {k: clean(v) for k, v in value.items() if v is not None and v != ""}
+    if isinstance(value, list):
+        return [clean(v) for v in value]
+    return value
+
+
+def parse_result(message: str | None) -> dict[str, Any] | None:
+    """The step runner's result from a termination message (its last JSON line)."""
+    for line in reversed((message or "").strip().splitlines()):
+        try:
+            value = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(value, dict) and "ok" in value:
+            return value
+    return None
+
+
+class _Pass:
+    def __init__(self, ledger: LedgerView, versions: Callable[[], Versions],
+                 jobs: Mapping[str, JobView], decisions: Mapping[str, Sequence[ApprovalDecision]],
+                 ctx: Context, refused: Mapping[str, str]) -> None:
+        self.ledger, self.jobs, self.decisions, self.ctx, self.refused = ledger, jobs, decisions, ctx, refused
+        self._versions_fn = versions
+        self._versions: Versions | None = None
+        self.out = Decision()
+        self.entries = {e.id: e for e in ledger.entries}
+        self.now = stamp(ctx.now)
+        self.rb: dict[str, Any] | None = None
+        self.original = ledger.rollback
+        if ledger.rollback is not None:
+            try:
+                self.rb = RollbackStatus.model_validate(ledger.rollback).model_dump(mode="json")
+            except ValidationError as exc:
+                self._event("Warning", "RollbackStatusInvalid", f"status.rollback cannot be read "
+                            f"({exc.errors()[0]['msg']}): the request is planned again")
+        try:
+            self.request = LedgerRollback.model_validate(ledger.request or {})
+        except ValidationError as exc:
+            self.request = LedgerRollback()
+            self._event("Warning", "RollbackRequestInvalid", f"spec.rollback cannot be read: "
+                        f"{exc.errors()[0]['msg']}")
+
+    # ---- helpers ------------------------------------------------------------------
+    def versions(self) -> Versions:
+        if self._versions is None:
+            self._versions = self._versions_fn()
+        return self._versions
+
+    def _event(self, type_: str, reason: str, message: str) -> None:
+        self.out.events.append(Event(self.ledger.name, type_, reason, message, kind=KIND))
+
+    def _change(self, entry_id: str, change: Change) -> None:
+        """Queue a change of an entry, and apply it to this pass's view of the entries."""
+        before = self.out.changes.get(entry_id)
+        self.out.changes[entry_id] = change if before is None else _then(before, change)
+        entry = self.entries.get(entry_id)
+        if entry is not None:
+            with contextlib.suppress(Stale):
+                self.entries[entry_id] = change(entry)
+
+    @property
+    def steps(self) -> list[dict[str, Any]]:
+        return self.rb["steps"] if self.rb is not None else []
+
+    def _label(self, s: dict[str, Any]) -> str:
+        tool = f" {s['undo_tool']}" if s.get("undo_tool") else ""
+        return f"step {s['index']} ({s['entry']} {s['action']}{tool})"
+
+    # ---- the rollback -------------------------------------------------------------
+    def rollback(self) -> None:
+        gen, rb, req = self.ledger.generation, self.rb, self.request
+        if rb is not None and not rb.get("finished"):
+            for s in self.steps:
+                if s["state"] == "running":
+                    self._record(s)
+        current = rb is not None and rb["generation"] == gen
+        if rb is not None and not rb.get("finished") and not (current and req.requested):
+            for s in self.steps:  # a cancelled or superseded request starts nothing more
+                if s["state"] in ("pending", "waiting"):
+                    s.update(state="cancelled", message="the request was withdrawn or replaced")
+            self._finish_if_done()
+        if req.requested and not current:
+            running = [s for s in self.steps if s["state"] == "running"]
+            if not running:
+                self._freeze()
+        elif req.requested and current and rb is not None and not rb.get("finished") \
+                and not rb.get("error"):
+            self._replan_if_found()
+            self._advance()
+            self._finish_if_done()
+        self._conditions()
+
+    def _freeze(self) -> None:
+        req, v = self.request, None
+        rb: dict[str, Any] = {"request": clean(req.model_dump(mode="json")),
+                              "generation": self.ledger.generation, "planned": self.now,
+                              "skipped": 0, "steps": []}
+        self.rb = rb
+        if not self.ctx.image:
+            rb.update(error="the operator has no image for undo Jobs: start it with "
+                      "--gateway-image (the image that runs `unwind undo-step`)",
+                      reason=Reason.NO_IMAGE, finished=self.now)
+            self._event("Warning", Reason.NO_IMAGE, rb["error"])
+            return
+        try:
+            v = self.versions()
+            plan = make_plan(self.ledger.name, list(self.entries.values()), v, now=self.ctx.now,
+                             selection=Selection(tuple(req.entries), req.since))
+        except PlanError as exc:
+            rb.update(error=str(exc), reason=Reason.PLAN_FAILED, finished=self.now)
+            self._event("Warning", Reason.PLAN_FAILED, f"no rollback plan: {exc}")
+            return
+        rb["steps"], rb["skipped"] = self._frozen(plan.steps, 1)
+        size = len(json.dumps(rb["steps"]).encode())
+        if size > MAX_FROZEN_BYTES:
+            rb.update(steps=[], error=f"the plan has {len(plan.steps)} steps ({size // 1024} KiB), "
+                      "more than a ledger's status holds: roll back in parts with --since or "
+                      "--entry", reason=Reason.PLAN_TOO_LARGE, finished=self.now)
+            self._event("Warning", Reason.PLAN_TOO_LARGE, rb["error"])
+            return
+        self._event("Normal", Reason.PLANNED, f"rollback planned: {self._summary()}"
+                    + (f"; reason: {req.reason}" if req.reason else ""))
+        self._replan_if_found()
+        self._advance()
+        self._finish_if_done()
+
+    def _frozen(self, steps: Sequence[Step], first: int) -> tuple[list[dict[str, Any]], int]:
+        out: list[dict[str, Any]] = []
+        skipped = 0
+        for s in steps:
+            if s.action == "skip":
+                skipped += 1
+                continue
+            frozen = {**s.to_json(), "index": first + len(out), "attempts": 0,
+                      "state": "pending" if s.action in UNDOING or s.action == "lookup" else "left"}
+            if s.action in UNDOING:
+                frozen["idempotency_key"] = step_key(self.ledger.name, s.entry, s.action)
+            out.append(clean(frozen))
+        return out, skipped
+
+    def _summary(self) -> str:
+        steps = self.steps
+        count = {a: sum(1 for s in steps if s["action"] == a) for a in ("lookup",)}
+        undo = sum(1 for s in steps if s["action"] in UNDOING)
+        left = [s for s in steps if s["state"] == "left"]
+        assert self.rb is not None
+        return (f"{count['lookup'] + undo} steps to run ({count['lookup']} lookups, {undo} undos), "
+                f"{len(left)} left behind, {self.rb['skipped']} with nothing to undo")
+
+    def _replan_if_found(self) -> None:
+        """Once every lookup is done and one found its effect, plan the undos again."""
+        rb = self.rb
+        assert rb is not None
+        lookups = [s for s in self.steps if s["action"] == "lookup"]
+        if rb.get("replanned") or not any(s.get("outcome") == "found" for s in lookups):
+            return
+        if any(s["state"] not in TERMINAL for s in lookups) or \
+                any(s["state"] in FAILED_STATES for s in self.steps):
+            return
+        req = self.request
+        try:
+            plan = make_plan(self.ledger.name, list(self.entries.values()), self.versions(),
+                             now=self.ctx.now, selection=Selection(tuple(req.entries), req.since))
+        except PlanError as exc:
+            rb["replanned"] = self.now
+            for s in self.steps:
+                if s["state"] == "pending":
+                    s.update(state="failed", message=f"could not be planned again: {exc}")
+            return
+        fresh = [s for s in plan.steps if s.action != "lookup"]
+        undo, skipped = self._frozen(fresh, len(lookups) + 1)
+        rb.update(steps=lookups + undo, skipped=skipped, replanned=self.now)
+        self._event("Normal", "Replanned", f"lookups found {sum(1 for s in lookups if s.get('outcome') == 'found')} "
+                    f"lost answers: the undos were planned again: {self._summary()}")
+
+    def _independent(self, a: dict[str, Any], b: dict[str, Any]) -> bool:
+        if a["entry"] == b["entry"]:
+            return False
+        if a["action"] == "lookup" and b["action"] == "lookup":
+            return True
+        return b["tool"] not in self._requires(a) and a["tool"] not in self._requires(b)
+
+    def _requires(self, s: dict[str, Any]) -> set[str]:
+        entry = self.entries.get(s["entry"])
+        m = self.versions().of(entry)[0] if entry is not None else None
+        return {r.tool for r in m.requires} if m is not None else set()
+
+    def _advance(self) -> None:
+        failed = next((s for s in self.steps if s["state"] in FAILED_STATES), None)
+        if failed is not None:  # a failed step stops the rollback; what runs is recorded
+            for s in self.steps:
+                if s["state"] in ("pending", "waiting"):
+                    s.update(state="cancelled", message=f"not run: {self._label(failed)} failed")
+            return
+        running = sum(1 for s in self.steps if s["state"] == "running")
+        lookups_open = any(s["action"] == "lookup" and s["state"] not in TERMINAL for s in self.steps)
+        unfinished: list[dict[str, Any]] = [s for s in self.steps if s["state"] == "running"]
+        for s in self.steps:
+            if s["state"] not in ("pending", "waiting"):
+                continue
+            if s["action"] != "lookup" and lookups_open:
+                break
+            if running >= self.ctx.parallelism:
+                break
+            if not all(self._independent(s, u) for u in unfinished if u is not s):
+                unfinished.append(s)
+                continue
+            self._start(s)
+            if s["state"] in FAILED_STATES:
+                self._advance()
+                return
+            if s["state"] == "running":
+                running += 1
+            if s["state"] not in TERMINAL:
+                unfinished.append(s)
+
+    def _approval(self, s: dict[str, Any]) -> ApprovalDecision | None:
+        """The first stamped decision on the entry made after the plan was frozen (to the
+        second: Kubernetes stamps objects so)."""
+        assert self.rb is not None
+        since = self.rb["planned"][:19]
+        for d in self.decisions.get(s["entry"], ()):
+            if d.created[:19] >= since:
+                return d
+        return None
+
+    def _start(self, s: dict[str, Any]) -> None:
+        entry = self.entries.get(s["entry"])
+        if entry is None:
+            s.update(state="skipped", message="the entry is no longer in the ledger")
+            return
+        lookup = s["action"] == "lookup"
+        if lookup and entry.state not in LOOKUP_STATES:
+            s.update(state="succeeded", outcome="resolved", message=f"resolved meanwhile: the entry is {entry.state}")
+            return
+        if not lookup and entry.state == "undone":
+            s.update(state="succeeded", outcome="undone", message="already undone")
+            return
+        if not lookup and entry.state not in UNDOABLE_STATES:
+            s.update(state="skipped", message=f"the entry is {entry.state} now: nothing to undo")
+            return
+        approved: dict[str, Any] | None = None
+        if s.get("requires_approval"):
+            d = self._approval(s)
+            if d is None:
+                if s["state"] != "waiting":
+                    s["state"] = "waiting"
+                    self._event("Normal", Reason.WAITING_FOR_APPROVAL, f"{self._label(s)} needs an "
+                                f"Approval: kubectl unwind approve ledger/{self.ledger.name} --entry {s['entry']}")
+                return
+            if d.decision == "deny":
+                s.update(state="denied", message=f"denied by {d.user} (Approval {d.name})"
+                         + (f": {d.reason}" if d.reason else ""), finished=self.now)
+                self._event("Warning", "StepDenied", f"{self._label(s)}: {s['message']}")
+                return
+            approved = {"user": d.user, "groups": list(d.groups), "approval": d.name,
+                        "identities": "kubernetes"}
+            s["approved_by"] = approved
+        self._launch(s, entry, approved)
+
+    def _step_of(self, s: dict[str, Any], entry: Entry) -> Step | str:
+        """The plan step again, with what the JSON does not hold (the read-back, the
+        timeout), as of the moment it was planned; or why it cannot be had."""
+        assert self.rb is not None
+        moment = parse_stamp(self.rb.get("replanned") or self.rb["planned"])
+        fresh = plan_entry(entry, self.versions(), moment)
+        if fresh.action != s["action"] or fresh.undo_tool != s.get("undo_tool"):
+            return (f"the entry's undo is not what was planned any more (now {fresh.action}: "
+                    f"{fresh.reason}): ask for the rollback again")
+        return dataclasses.replace(fresh, arguments=s.get("arguments"))
+
+    def _launch(self, s: dict[str, Any], entry: Entry, approved: dict[str, Any] | None) -> None:
+        assert self.rb is not None
+        step = self._step_of(s, entry)
+        name = job_name(self.ledger.name, self.ledger.uid, s["index"], s["entry"], s["action"],
+                        self.rb["generation"])
+        body = self._body(step, entry, name, str(s["index"])) if isinstance(step, Step) else step
+        if isinstance(body, str):
+            s.update(state="failed", message=body, finished=self.now)
+            self._event("Warning", "StepFailed", f"{self._label(s)} cannot run: {body}")
+            return
+        s.update(state="running", job=name, attempts=int(s.get("attempts", 0)) + 1, started=self.now)
+        self.out.jobs.append(body)
+        if s["action"] == "lookup":
+            self._change(entry.id, _lookup_begin(name, s.get("undo_tool"), self.now))
+        else:
+            assert isinstance(step, Step)
+            self._change(entry.id, _undo_begin(step, s.get("idempotency_key"), name, self.now, approved))
+
+    def _body(self, step: Step, entry: Entry, name: str, label: str) -> dict[str, Any] | str:
+        v = self.versions()
+        try:
+            data = step_input(self.ledger.name, step, entry, v)
+        except PlanError as exc:
+            return str(exc)
+        text = step_text(data)
+        problem = step_problem(text)
+        if problem is not None:
+            return problem
+        if name in self.refused:
+            return f"the Job {name} could not be created: {self.refused[name]}"
+        called = v.tools.get(step.undo_tool or "")
+        verifier = v.tools.get(step.verification.tool) if step.verification else None
+        return job_body(name=name, ledger=self.ledger.name, uid=self.ledger.uid, entry=entry.id,
+                        step=label, text=text, image=self.ctx.image,
+                        deadline=deadline_seconds(data, called, verifier), manifests=(called, verifier))
+
+    # ---- recording ------------------------------------------------------------------
+    def _record(self, s: dict[str, Any]) -> None:
+        name = str(s.get("job"))
+        if name in self.refused:
+            s.update(state="failed", message=f"the Job could not be created: {self.refused[name]}",
+                     finished=self.now)
+            if s["action"] != "lookup":
+                self._change(s["entry"], _undo_end({"outcome": "not_started", "entry_state": "undo_failed",
+                                                    "reason": s["message"], "finished": self.now}))
+            self._event("Warning", "StepFailed", f"{self._label(s)}: {s['message']}")
+            return
+        job = self.jobs.get(str(name))
+        if job is None:  # written ahead, not created yet (the operator stopped in between)
+            entry = self.entries.get(s["entry"])
+            if not (self.request.requested and self.rb and self.rb["generation"] == self.ledger.generation):
+                s.update(state="cancelled", message="the request was withdrawn before its Job was created")
+                return
+            step = self._step_of(s, entry) if entry is not None else "the entry is gone"
+            body = self._body(step, entry, str(name), str(s["index"])) \
+                if isinstance(step, Step) and entry is not None else step
+            if isinstance(body, dict):
+                self.out.jobs.append(body)
+            else:
+                s.update(state="failed", message=str(body), finished=self.now)
+            return
+        if job.phase == "running":
+            return
+        result = parse_result(job.message)
+        if s["action"] == "lookup":
+            self._record_lookup(s, job, result)
+        else:
+            self._record_undo(s, job, result)
+        kind = "Normal" if s["state"] == "succeeded" else "Warning"
+        self._event(kind, "StepSucceeded" if kind == "Normal" else "StepFailed",
+                    f"{self._label(s)}: {s.get('outcome')}: {s.get('message')}")
+
+    def _record_undo(self, s: dict[str, Any], job: JobView, result: dict[str, Any] | None) -> None:
+        if result is None:
+            ok = job.phase == "succeeded"
+            result = {"ok": ok, "outcome": "undone" if ok else "job_failed",
+                      "entry_state": "undone" if ok else "undo_failed",
+                      "reason": ("the Job succeeded; its result message was not found" if ok else
+                                 f"the Job failed without a result ({job.why or 'no reason given'}): the "
+                                 "undo may or may not have taken effect; asking again repeats it with "
+                                 "the same idempotency key"), "finished": self.now}
+        state = result.get("entry_state") or "undo_failed"
+        result = {**result, "entry_state": state}
+        s.update(state="succeeded" if result.get("ok") else "failed", outcome=result.get("outcome"),
+                 message=str(result.get("reason") or ""), finished=result.get("finished") or self.now)
+        if result.get("first_mismatch"):
+            s["first_mismatch"] = result["first_mismatch"]
+        # An undone entry no longer holds its idempotency key: the gateway breaks the key's
+        # Lease when the next call with that key comes (gateway/enforce.py).
+        self._change(s["entry"], _undo_end(result))
+
+    def _record_lookup(self, s: dict[str, Any], job: JobView, result: dict[str, Any] | None) -> None:
+        if result is None:
+            result = {"ok": False, "outcome": "lookup_failed", "reason": (
+                f"the lookup's Job {'succeeded' if job.phase == 'succeeded' else 'failed'} without a "
+                f"result ({job.why or 'no message'}): the entry stays uncertain; ask again"),
+                "finished": self.now}
+        s.update(state="succeeded" if result.get("ok") else "failed", outcome=result.get("outcome"),
+                 message=str(result.get("reason") or ""), finished=result.get("finished") or self.now)
+        self._lookup_end(s["entry"], result)
+
+    def _lookup_end(self, entry_id: str, result: dict[str, Any]) -> None:
+        self._change(entry_id, _lookup_done(result))
+
+    def _finish_if_done(self) -> None:
+        rb = self.rb
+        if rb is None or rb.get("finished") or any(s["state"] not in TERMINAL for s in self.steps):
+            return
+        rb["finished"] = self.now
+        failed = [s for s in self.steps if s["state"] in FAILED_STATES]
+        if failed:
+            self._event("Warning", DEGRADED, self._degraded_message(failed))
+        elif any(s["state"] == "cancelled" for s in self.steps):
+            self._event("Normal", Reason.CANCELLED, "the rollback was withdrawn: "
+                        f"{sum(1 for s in self.steps if s['state'] == 'cancelled')} steps did not run")
+        else:
+            self._event("Normal", ROLLED_BACK, self._rolled_back_message())
+
+    def _degraded_message(self, failed: list[dict[str, Any]]) -> str:
+        parts = [f"{self._label(s)}: {s.get('first_mismatch') or s.get('message') or s['state']}" for s in failed[:5]]
+        more = f" and {len(failed) - 5} more" if len(failed) > 5 else ""
+        return f"{len(failed)} failed: " + "; ".join(parts) + more
+
+    def _rolled_back_message(self) -> str:
+        ran = sum(1 for s in self.steps if s["state"] == "succeeded")
+        left = [f"{s['entry']} ({s['action']})" for s in self.steps if s["state"] == "left"]
+        return f"{ran} steps ran" + (f"; left behind: {', '.join(left[:10])}" if left else "")
+
+    # ---- conditions ---------------------------------------------------------------
+    def _conditions(self) -> None:
+        rb, gen, now = self.rb, self.ledger.generation, self.now
+        if rb is None:
+            return
+        conds = list(self.ledger.conditions)
+
+        def put(type_: str, status: Any, reason: str, message: str) -> None:
+            nonlocal conds
+            conds = set_condition(conds, type_, status, reason, message or reason, gen, now)
+        failed = [s for s in self.steps if s["state"] in FAILED_STATES]
+        waiting_new = self.request.requested and rb["generation"] != gen
+        if waiting_new:
+            running = [s for s in self.steps if s["state"] == "running"]
+            put(PLANNED, "Unknown", Reason.SUPERSEDING, f"a new request waits for {len(running)} "
+                "running steps of the previous one")
+        elif rb.get("error"):
+            reason = str(rb.get("reason") or Reason.PLAN_FAILED)
+            put(PLANNED, "False", reason, rb["error"])
+            put(ROLLED_BACK, "False", reason, rb["error"])
+        else:
+            put(PLANNED, "True", Reason.PLANNED, f"frozen at {rb['planned']}: {self._summary()}")
+        if not rb.get("error"):
+            if rb.get("finished"):
+                if failed:
+                    put(ROLLED_BACK, "False", Reason.STEP_FAILED, self._degraded_message(failed))
+                elif any(s["state"] == "cancelled" for s in self.steps):
+                    put(ROLLED_BACK, "False", Reason.CANCELLED, "the request was withdrawn or replaced "
+                        "before every step ran")
+                else:
+                    put(ROLLED_BACK, "True", Reason.ROLLED_BACK, self._rolled_back_message())
+            else:
+                done = sum(1 for s in self.steps if s["state"] in TERMINAL)
+                running = [s for s in self.steps if s["state"] == "running"]
+                waiting = [s for s in self.steps if s["state"] == "waiting"]
+                if waiting and not running:
+                    w = waiting[0]
+                    put(ROLLED_BACK, "False", Reason.WAITING_FOR_APPROVAL, f"{self._label(w)} needs an "
+                        f"Approval: kubectl unwind approve ledger/{self.ledger.name} --entry {w['entry']}")
+                else:
+                    names = ", ".join(self._label(s) for s in running[:5]) or "none"
+                    put(ROLLED_BACK, "False", Reason.IN_PROGRESS,
+                        f"{done} of {len(self.steps)} steps done; running: {names}")
+        if failed:
+            put(DEGRADED, "True", Reason.STEP_FAILED, self._degraded_message(failed))
+        else:
+            put(DEGRADED, "False", Reason.NO_FAILURES, "no step failed")
+        if conds != self.ledger.conditions:
+            self.out.status["conditions"] = clean(conds)
+
+    # ---- lost answers, on a timer -----------------------------------------------------
+    def lookups(self) -> None:
+        rb = self.rb
+        if (rb is not None and not rb.get("finished")) or \
+                (self.request.requested and (rb is None or rb["generation"] != self.ledger.generation)):
+            return  # the rollback's own lookup steps do it
+        started = 0
+        for entry in list(self.entries.values()):
+            if entry.state != "uncertain" or started >= self.ctx.parallelism:
+                continue
+            record = dict((entry.undo or {}).get("lookup") or {})
+            name, attempts = record.get("job"), int(record.get("attempts") or 0)
+            if name and not record.get("outcome"):
+                job = self.jobs.get(str(name))
+                if job is None:
+                    started += self._lookup_job(entry, str(name), recreate=True)
+                elif job.phase != "running":
+                    result = parse_result(job.message) or {
+                        "ok": False, "outcome": "lookup_failed", "finished": self.now,
+                        "reason": f"the lookup's Job ended without a result ({job.why or 'no message'})"}
+                    self._lookup_end(entry.id, result)
+                    self.out.delete_jobs.append(job.name)
+                    self._event(*_lookup_event(entry, result))
+                continue
+            if record.get("finished"):
+                wait = min(self.ctx.lookup_every * 2 ** max(attempts - 1, 0), MAX_LOOKUP_WAIT)
+                if self.ctx.now < parse_stamp(str(record["finished"])) + timedelta(seconds=wait):
+                    continue
+            name = lookup_job_name(self.ledger.name, self.ledger.uid, entry.id, attempts + 1)
+            started += self._lookup_job(entry, name, recreate=False)
+
+    def _lookup_job(self, entry: Entry, name: str, *, recreate: bool) -> int:
+        step = plan_entry(entry, self.versions(), self.ctx.now)
+        if step.action != "lookup":
+            return 0  # no lookup declared (reported by `kubectl unwind plan`): nothing to do
+        body = self._body(step, entry, name, "lookup")
+        if isinstance(body, str):
+            if not recreate:
+                self._change(entry.id, _lookup_done({"outcome": "lookup_failed", "reason": body,
+                                                     "finished": self.now}))
+            return 0
+        self.out.jobs.append(body)
+        if not recreate:
+            self._change(entry.id, _lookup_begin(name, step.undo_tool, self.now))
+        return 1
+
+    # ---- out ----------------------------------------------------------------------
+    def result(self) -> Decision:
+        if self.rb is not None:
+            fresh = clean(self.rb)
+            if fresh != self.original:
+                self.out.status["rollback"] = fresh
+        return self.out
+
+
+# ---- entry changes (pure functions of the entry, as the store contract asks) ----
+
+def _then(first: Change, second: Change) -> Change:
+    return lambda e: second(first(e))
+
+
+def _undo_begin(step: Step, key: str | None, job: str, now: str, approved: dict[str, Any] | None) -> Change:
+    def change(e: Entry) -> Entry:
+        if e.state not in UNDOABLE_STATES:
+            raise Stale(e.state)
+        undo: dict[str, Any] = {"action": step.action, "tool": step.undo_tool,
+                                "arguments": step.arguments, "residue": list(step.residue),
+                                "idempotency_key": key, "by": BY, "job": job, "started": now,
+                                "tries": int((e.undo or {}).get("tries", 0)) + 1}
+        if approved is not None:
+            undo["approved_by"] = approved
+        if e.undo and "lookup" in e.undo:
+            undo["lookup"] = e.undo["lookup"]
+        return e.model_copy(update={"state": "undoing", "undo": undo})
+    return change
+
+
+def _undo_end(result: dict[str, Any]) -> Change:
+    def change(e: Entry) -> Entry:
+        if e.state != "undoing":
+            raise Stale(e.state)
+        undo = {**(e.undo or {}), **{k: result.get(k) for k in (
+            "outcome", "reason", "first_mismatch", "call", "verification", "finished")
+            if result.get(k) is not None}}
+        return e.model_copy(update={"state": result.get("entry_state") or "undo_failed", "undo": undo})
+    return change
+
+
+def _lookup_begin(job: str, tool: str | None, now: str) -> Change:
+    def change(e: Entry) -> Entry:
+        if e.state not in LOOKUP_STATES:
+            raise Stale(e.state)
+        before = (e.undo or {}).get("lookup") or {}
+        record = {"tool": tool, "job": job, "attempts": int(before.get("attempts") or 0) + 1,
+                  "started": now}
+        return e.model_copy(update={"undo": {**(e.undo or {}), "lookup": record}})
+    return change
+
+
+def _lookup_done(result: dict[str, Any]) -> Change:
+    def change(e: Entry) -> Entry:
+        if e.state not in LOOKUP_STATES:
+            raise Stale(e.state)
+        before = (e.undo or {}).get("lookup") or {}
+        record = {**before, **{k: result.get(k) for k in ("outcome", "reason", "call", "finished")
+                               if result.get(k) is not None}}
+        undo = {**(e.undo or {}), "lookup": record}
+        if result.get("outcome") == "found" and isinstance(result.get("handle"), dict):
+            return e.model_copy(update={"state": "succeeded", "undo": undo,
+                                        "handle": Handle.model_validate(result["handle"]),
+                                        "warnings": [*e.warnings, "found by its lookup after the "
+                                                     "answer was lost"]})
+        if result.get("outcome") == "not_found":
+            return e.model_copy(update={"state": "failed", "undo": undo, "error": EntryError(
+                code="not_found", message=f"the lookup found no effect: {result.get('reason')}")})
+        return e.model_copy(update={"undo": undo})
+    return change
+
+
+def _lookup_event(entry: Entry, result: dict[str, Any]) -> tuple[str, str, str]:
+    outcome = result.get("outcome")
+    if outcome == "found":
+        return "Normal", "LostAnswerFound", f"entry {entry.id} ({entry.tool}): {result.get('reason')}"
+    if outcome == "not_found":
+        return "Normal", "LostAnswerNotFound", f"entry {entry.id} ({entry.tool}): {result.get('reason')}"
+    return "Warning", "LookupFailed", f"entry {entry.id} ({entry.tool}): {result.get('reason')}"

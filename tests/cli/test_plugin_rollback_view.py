@@ -1,0 +1,85 @@
+"""The pure parts of `kubectl unwind plan|rollback ledger/NAME`: the plan's manifests from
+what the cluster records, the request, and what --watch prints and when it stops."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from unwind.cli import plugin_view as view
+from unwind.cli.kubectl import hoist_kube_flags
+from unwind.manifest.canonical import canonical_json, checksum
+from unwind.undo.sources import load_versions
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def revision(m: Any, claimed: str | None = None) -> dict[str, Any]:
+    return {"metadata": {"annotations": {view.CHECKSUM_ANNOTATION: claimed or checksum(m)}},
+            "data": json.loads(canonical_json(m.canonical_dict()))}
+
+
+def test_the_plan_uses_every_recorded_version_by_checksum_and_the_published_one_as_today() -> None:
+    loaded = load_versions([str(ROOT / "manifests/payments.yaml")])
+    refund = loaded.tools["stripe.refund"]
+    charge = loaded.tools["stripe.create_charge"]
+    manifests = [{"status": {"publishedChecksum": checksum(refund)}}, {"status": {}}]
+    versions = view.cluster_versions(manifests, [revision(refund), revision(charge)])
+    assert set(versions.by_checksum) == {checksum(refund), checksum(charge)}
+    assert list(versions.tools) == ["stripe.refund"]  # the charge publishes nothing
+
+
+def test_a_revision_whose_data_does_not_match_its_checksum_is_not_used() -> None:
+    refund = load_versions([str(ROOT / "manifests/payments.yaml")]).tools["stripe.refund"]
+    versions = view.cluster_versions([], [revision(refund, "sha256:" + "0" * 64)])
+    assert not versions.by_checksum
+
+
+def test_a_rollback_request_is_a_new_request_each_time_it_is_made() -> None:
+    patch = view.rollback_request("bad run", None, ["e-1"], "2026-11-30T10:00:00.000Z")
+    assert patch == {"spec": {"rollback": {"requested": True, "reason": "bad run", "since": None,
+                                           "entries": ["e-1"], "requestedAt": "2026-11-30T10:00:00.000Z"}}}
+
+
+def test_watch_prints_each_step_once_per_state_it_reaches() -> None:
+    seen: dict[int, str] = {}
+    rb = {"steps": [{"index": 1, "entry": "c-1", "action": "inverse", "undo_tool": "github.delete_comment",
+                     "state": "running", "job": "run-undo-1-ab"},
+                    {"index": 2, "entry": "x-1", "action": "unrecoverable", "state": "left",
+                     "message": "the undo is unavailable"}]}
+    assert view.step_lines(seen, rb) == [
+        "step 1/2 c-1 inverse github.delete_comment: running: Job run-undo-1-ab",
+        "step 2/2 x-1 unrecoverable: left: the undo is unavailable"]
+    assert view.step_lines(seen, rb) == []
+    rb["steps"][0].update(state="failed", first_mismatch="found is true, expected false")
+    assert view.step_lines(seen, rb) == [
+        "step 1/2 c-1 inverse github.delete_comment: failed: found is true, expected false"]
+
+
+def ledger(generation: int, finished: bool, **conds: tuple[str, str]) -> dict[str, Any]:
+    rb: dict[str, Any] = {"generation": generation, "steps": []}
+    if finished:
+        rb["finished"] = "2026-11-30T10:00:00.000Z"
+    return {"status": {"rollback": rb, "conditions": [
+        {"type": t, "status": s, "reason": r, "message": f"{t} {r}", "observedGeneration": generation}
+        for t, (s, r) in conds.items()]}}
+
+
+def test_watch_stops_at_rolled_back_or_at_a_finished_degraded_rollback_of_its_request() -> None:
+    assert view.rollback_done(ledger(2, False), 3) is None  # the operator has not frozen it yet
+    assert view.rollback_done(ledger(3, False, RolledBack=("False", "InProgress")), 3) is None
+    assert view.rollback_done(ledger(3, True, RolledBack=("True", "RolledBack")), 3) == (True, "RolledBack RolledBack")
+    running = ledger(3, False, RolledBack=("False", "StepFailed"), Degraded=("True", "StepFailed"))
+    assert view.rollback_done(running, 3) is None  # steps still running are recorded first
+    done = view.rollback_done(ledger(3, True, RolledBack=("False", "StepFailed"), Degraded=("True", "StepFailed")), 3)
+    assert done == (False, "Degraded: Degraded StepFailed")
+    failed = view.rollback_done(ledger(3, True, RolledBack=("False", "PlanFailed")), 3)
+    assert failed == (False, "PlanFailed: RolledBack PlanFailed")
+
+
+def test_kubectl_flags_before_plan_and_rollback_are_moved_after_them() -> None:
+    from unwind.cli.main import HOISTED
+
+    assert hoist_kube_flags(["-n", "shop", "plan", "ledger/r"], HOISTED) == ["plan", "-n", "shop", "ledger/r"]
+    assert hoist_kube_flags(["--context=c", "rollback", "ledger/r"], HOISTED) == ["rollback", "--context=c", "ledger/r"]

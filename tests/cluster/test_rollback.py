@@ -1,0 +1,336 @@
+"""Rollback in the cluster: `kubectl unwind plan|rollback ledger/NAME`, the operator's undo
+Jobs run by the kubelet stand-in as local `unwind undo-step` processes, against the real
+test upstream (tests/upstream/server.py)."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import random
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cluster_helpers import GROUP, VERSION, apply, trust, wait_for
+from kubernetes import client
+
+from unwind.bundle import load_bundle
+from unwind.cli.main import main
+from unwind.controlplane import ControlPlane
+from unwind.controlplane.dev import OperatorProcess
+from unwind.operator.rollback_world import (
+    JobKubelet,
+    Upstream,
+    create_ledger,
+    effect,
+    make_entry,
+    tool_resources,
+)
+
+
+@pytest.fixture(scope="module")
+def upstream(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Upstream]:
+    up = Upstream(tmp_path_factory.mktemp("upstream") / "upstream.log")
+    try:
+        yield up
+    finally:
+        up.stop()
+
+
+@pytest.fixture
+def tools(operator: OperatorProcess, control_plane: ControlPlane, k8s_api: client.ApiClient,
+          namespace: str, upstream: Upstream) -> dict[str, Any]:
+    """The tools applied (by the trusted admin) and enforced: tool -> (manifest, checksum)."""
+    upstream.admin("reset", {})
+    resources = tool_resources(upstream.url)
+    apply(control_plane.kubeconfig, namespace, *resources)
+
+    def enforced() -> Any:
+        cms = client.CoreV1Api(k8s_api).list_namespaced_config_map(namespace, label_selector="unwind.dev/bundle")
+        loaded = load_bundle({c.metadata.name: dict(c.data or {}) for c in cms.items}, trust(k8s_api),
+                             namespace=namespace)
+        return loaded if len(loaded.manifests) == len(resources) else None
+    bundle = wait_for("every tool enforced", enforced, timeout=60)
+    return {t: (m, bundle.checksums[t]) for t, m in bundle.manifests.items()}
+
+
+@pytest.fixture
+def kubelet(k8s_api: client.ApiClient, namespace: str) -> Iterator[JobKubelet]:
+    with JobKubelet(k8s_api, namespace) as k:
+        yield k
+
+
+class Ran:
+    def __init__(self, code: int, out: str, err: str) -> None:
+        self.code, self.out, self.err = code, out, err
+
+
+def plugin(kubeconfig: Path, namespace: str, *argv: str) -> Ran:
+    """`kubectl unwind ...`: the CLI in this process, kubectl for every API call."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main([*argv, f"--kubeconfig={kubeconfig}", "-n", namespace])
+    return Ran(code, out.getvalue(), err.getvalue())
+
+
+def ledger(api: client.ApiClient, namespace: str, name: str) -> dict[str, Any]:
+    return dict(client.CustomObjectsApi(api).get_namespaced_custom_object(GROUP, VERSION, namespace,
+                                                                          "effectledgers", name))
+
+
+def conditions(obj: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {c["type"]: c for c in (obj.get("status") or {}).get("conditions") or []}
+
+
+def entries(obj: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {e["id"]: e for e in obj["status"]["entries"]}
+
+
+def jobs(api: client.ApiClient, namespace: str, name: str) -> list[Any]:
+    return list(client.BatchV1Api(api).list_namespaced_job(namespace, label_selector=f"unwind.dev/ledger={name}").items)
+
+
+def rolled_back(api: client.ApiClient, namespace: str, name: str, timeout: float = 120) -> dict[str, Any]:
+    return dict(wait_for("RolledBack or Degraded", lambda: (o := ledger(api, namespace, name))
+                         and (o.get("status") or {}).get("rollback", {}).get("finished") and o, timeout=timeout))
+
+
+class Run:
+    """Effects made at the upstream and the entries recording them."""
+
+    def __init__(self, upstream: Upstream, tools: dict[str, Any]) -> None:
+        self.upstream, self.tools, self.entries, self.answers = upstream, tools, [], {}
+        self.start = datetime.now(UTC) - timedelta(minutes=10)
+
+    def call(self, id_: str, tool: str, args: dict[str, Any], *, key: str | None = None,
+             staged: bool = False, state: str = "succeeded", made: bool = True) -> Any:
+        m, digest = self.tools[tool]
+        sent = {**args, "draft": True} if staged else args
+        answer = effect(self.upstream, tool, sent, key) if made else None
+        self.answers[id_] = answer
+        seq = len(self.entries) + 1
+        self.entries.append(make_entry(m, digest, id_, seq, args, answer if state != "uncertain" else None,
+                                       state=state, key=key, staged=staged,
+                                       at=self.start + timedelta(seconds=seq)))
+        return answer
+
+
+def story(run: Run) -> None:
+    run.call("pay-1", "stripe.create_charge", {"order_id": "o1", "amount": 2500, "card_token": "tok_visa"},
+             key="charge-o1")
+    run.call("c-1", "github.create_comment", {"repo": "octo/hello", "issue": 7, "client_id": "c1", "body": "hi"})
+    run.call("i-1", "github.create_issue", {"repo": "octo/hello", "title": "flaky test"})
+    run.call("rel-1", "github.create_release", {"repo": "octo/hello", "tag": "v1.0.0", "name": "One"}, staged=True)
+
+
+def effects(upstream: Upstream) -> dict[str, int]:
+    return dict(upstream.admin("requests")["effects_by_route"])
+
+
+def reads(upstream: Upstream) -> dict[str, int]:
+    return dict(upstream.admin("requests")["by_route"])
+
+
+def test_a_charge_a_comment_an_issue_and_a_staged_release_are_planned_and_rolled_back_by_jobs(
+        tools: dict[str, Any], upstream: Upstream, kubelet: JobKubelet, control_plane: ControlPlane,
+        k8s_api: client.ApiClient, namespace: str, tmp_path: Path) -> None:
+    run = Run(upstream, tools)
+    story(run)
+    create_ledger(k8s_api, namespace, "run-42", run.entries)
+    kubeconfig = control_plane.kubeconfig
+
+    plan = plugin(kubeconfig, namespace, "plan", "ledger/run-42", "--json")
+    assert plan.code == 0, plan.err
+    steps = json.loads(plan.out)["steps"]
+    assert [(s["entry"], s["action"], s["undo_tool"]) for s in steps] == [
+        ("rel-1", "discard", "github.delete_release"), ("i-1", "compensate", "github.close_issue"),
+        ("c-1", "inverse", "github.delete_comment"), ("pay-1", "compensate", "stripe.refund")]
+    assert steps[3]["residue"] == ["the charge still appears on the customer's statement"]
+    assert steps[3]["arguments"] == {"charge_id": run.answers["pay-1"]["id"], "amount": 2500}
+    text = plugin(kubeconfig, namespace, "plan", "ledger/run-42")
+    assert "residue: the charge still appears on the customer's statement" in text.out
+
+    before = effects(upstream)
+    ran = plugin(kubeconfig, namespace, "rollback", "ledger/run-42", "--reason", "the agent misbehaved",
+                 "--watch", "--timeout", "180s")
+    assert ran.code == 0, ran.out + ran.err
+    assert "step 4/4 pay-1 compensate stripe.refund: succeeded" in ran.out
+    assert "ledger/run-42: rolled back" in ran.out
+
+    obj = ledger(k8s_api, namespace, "run-42")
+    assert conditions(obj)["RolledBack"]["status"] == "True"
+    assert conditions(obj)["Degraded"]["status"] == "False"
+    assert {e["state"] for e in entries(obj).values()} == {"undone"}
+    assert obj["status"]["rollback"]["request"]["reason"] == "the agent misbehaved"
+    after = effects(upstream)
+    undos = {r: after.get(r, 0) - before.get(r, 0) for r in
+             ("releases.delete", "issues.close", "comments.delete", "charges.refund")}
+    assert undos == {"releases.delete": 1, "issues.close": 1, "comments.delete": 1, "charges.refund": 1}
+    seen = reads(upstream)
+    assert seen.get("issues.get", 0) >= 1 and seen.get("comments.get", 0) >= 1 and seen.get("charges.get", 0) >= 1
+    made = jobs(k8s_api, namespace, "run-42")
+    assert len(made) == 4
+    assert all(j.spec.template.spec.automount_service_account_token is False for j in made)
+    assert {j.metadata.labels["unwind.dev/entry"] for j in made} == {"pay-1", "c-1", "i-1", "rel-1"}
+    reasons = [e.reason for e in client.CoreV1Api(k8s_api).list_namespaced_event(
+        namespace, field_selector="involvedObject.name=run-42").items]
+    assert reasons.count("StepSucceeded") == 4 and "RolledBack" in reasons
+
+    # the evidence of the run holds the frozen plan and every step's outcome
+    assert main(["keygen", str(tmp_path / "evidence")]) == 0
+    exported = plugin(kubeconfig, namespace, "ledger", "export", "run-42", "--key",
+                      str(tmp_path / "evidence.key"), "-o", str(tmp_path / "run-42.json"))
+    assert exported.code == 0, exported.err
+    evidence = json.loads((tmp_path / "run-42.json").read_text())["evidence"]
+    assert evidence["rollbacks"] == obj["status"]["rollback"]
+    assert {s["entry"]: s["outcome"] for s in evidence["steps"]} == dict.fromkeys(
+        ("pay-1", "c-1", "i-1", "rel-1"), "undone")
+    assert main(["ledger", "verify", str(tmp_path / "run-42.json"), "--trust", str(tmp_path / "evidence.pub")]) == 0
+
+
+def test_a_failed_read_back_fails_its_step_with_the_first_mismatch_and_the_ledger_is_degraded(
+        tools: dict[str, Any], upstream: Upstream, kubelet: JobKubelet, control_plane: ControlPlane,
+        k8s_api: client.ApiClient, namespace: str) -> None:
+    run = Run(upstream, tools)
+    run.call("w-1", "test.issue_checked_wrongly", {"repo": "octo/hello", "title": "x"})
+    run.call("c-1", "github.create_comment", {"repo": "octo/hello", "issue": 7, "client_id": "c1", "body": "hi"})
+    create_ledger(k8s_api, namespace, "run-bad", run.entries)
+    ran = plugin(control_plane.kubeconfig, namespace, "rollback", "ledger/run-bad", "--reason", "test",
+                 "--watch", "--timeout", "180s")
+    assert ran.code == 1, ran.out + ran.err
+    obj = ledger(k8s_api, namespace, "run-bad")
+    degraded = conditions(obj)["Degraded"]
+    assert degraded["status"] == "True"
+    assert 'step 2 (w-1 compensate github.close_issue): state is "closed", expected "completed"' in degraded["message"]
+    failed = obj["status"]["rollback"]["steps"][1]
+    assert failed["state"] == "failed" and failed["first_mismatch"] == 'state is "closed", expected "completed"'
+    assert entries(obj)["w-1"]["state"] == "undo_failed"
+    assert entries(obj)["c-1"]["state"] == "undone"  # the newer comment ran first
+
+
+def test_an_unrecoverable_entry_is_reported_and_skipped_and_since_undoes_only_what_came_after(
+        tools: dict[str, Any], upstream: Upstream, kubelet: JobKubelet, control_plane: ControlPlane,
+        k8s_api: client.ApiClient, namespace: str) -> None:
+    run = Run(upstream, tools)
+    old = run.call("i-old", "github.create_issue", {"repo": "octo/hello", "title": "before"})
+    run.call("c-1", "github.create_comment", {"repo": "octo/hello", "issue": 7, "client_id": "c1", "body": "hi"})
+    run.call("x-1", "test.issue_without_number", {"repo": "octo/hello", "title": "no number"})
+    new = run.call("i-new", "github.create_issue", {"repo": "octo/hello", "title": "after"})
+    create_ledger(k8s_api, namespace, "run-since", run.entries)
+    plan = plugin(control_plane.kubeconfig, namespace, "plan", "ledger/run-since", "--since", "c-1", "--json")
+    assert [(s["entry"], s["action"]) for s in json.loads(plan.out)["steps"]] == [
+        ("i-new", "compensate"), ("x-1", "unrecoverable")]
+    ran = plugin(control_plane.kubeconfig, namespace, "rollback", "ledger/run-since", "--since", "c-1",
+                 "--reason", "after the checkpoint", "--watch", "--timeout", "120s")
+    assert ran.code == 0, ran.out + ran.err
+    obj = ledger(k8s_api, namespace, "run-since")
+    assert "x-1 (unrecoverable)" in conditions(obj)["RolledBack"]["message"]
+    states = {k: e["state"] for k, e in entries(obj).items()}
+    assert states == {"i-old": "succeeded", "c-1": "succeeded", "x-1": "succeeded", "i-new": "undone"}
+    assert upstream.request("GET", f"/issues/{new['number']}")["state"] == "closed"
+    assert upstream.request("GET", f"/issues/{old['number']}")["state"] == "open"
+
+
+def test_a_lost_answer_is_found_by_its_lookup_and_rolled_back_like_any_other(
+        tools: dict[str, Any], upstream: Upstream, kubelet: JobKubelet, control_plane: ControlPlane,
+        k8s_api: client.ApiClient, namespace: str) -> None:
+    run = Run(upstream, tools)
+    # the upstream applied the charge, the gateway saw a timeout: the entry is uncertain
+    charge = effect(upstream, "stripe.create_charge", {"order_id": "o9", "amount": 700}, "charge-o9")
+    run.call("pay-9", "stripe.create_charge", {"order_id": "o9", "amount": 700}, key="charge-o9",
+             state="uncertain", made=False)
+    create_ledger(k8s_api, namespace, "run-lost", run.entries)
+    ran = plugin(control_plane.kubeconfig, namespace, "rollback", "ledger/run-lost", "--reason", "lost",
+                 "--watch", "--timeout", "120s")
+    assert ran.code == 0, ran.out + ran.err
+    obj = ledger(k8s_api, namespace, "run-lost")
+    steps = [(s["action"], s["state"], s.get("outcome")) for s in obj["status"]["rollback"]["steps"]]
+    assert steps == [("lookup", "succeeded", "found"), ("compensate", "succeeded", "undone")]
+    entry = entries(obj)["pay-9"]
+    assert entry["state"] == "undone" and entry["handle"]["result"]["id"] == charge["id"]
+    assert upstream.request("GET", f"/charges?charge_id={charge['id']}")["refunded"] is True
+
+
+def test_an_uncertain_entry_is_resolved_by_a_lookup_job_without_a_rollback(
+        tools: dict[str, Any], upstream: Upstream, kubelet: JobKubelet, k8s_api: client.ApiClient,
+        namespace: str) -> None:
+    run = Run(upstream, tools)
+    charge = effect(upstream, "stripe.create_charge", {"order_id": "o5", "amount": 5}, "charge-o5")
+    run.call("pay-5", "stripe.create_charge", {"order_id": "o5", "amount": 5}, key="charge-o5",
+             state="uncertain", made=False)
+    run.call("pay-6", "stripe.create_charge", {"order_id": "o6", "amount": 6}, key="charge-o6",
+             state="uncertain", made=False)  # never reached the upstream
+    create_ledger(k8s_api, namespace, "run-timer", run.entries)
+    obj = wait_for("both resolved", lambda: (o := ledger(k8s_api, namespace, "run-timer"))
+                   and {e["state"] for e in entries(o).values()} == {"succeeded", "failed"} and o, timeout=90)
+    found, gone = entries(obj)["pay-5"], entries(obj)["pay-6"]
+    assert found["state"] == "succeeded" and found["handle"]["result"]["id"] == charge["id"]
+    assert gone["state"] == "failed" and gone["error"]["code"] == "not_found"
+    assert "rollback" not in obj["status"]
+
+
+def test_the_operator_killed_ten_times_during_a_rollback_of_twenty_entries_undoes_each_exactly_once(
+        tools: dict[str, Any], upstream: Upstream, kubelet: JobKubelet, control_plane: ControlPlane,
+        operator: OperatorProcess, k8s_api: client.ApiClient, namespace: str) -> None:
+    run = Run(upstream, tools)
+    for i in range(20):
+        if i % 2:
+            run.call(f"c-{i}", "github.create_comment", {"repo": "octo/hello", "issue": i, "client_id": f"c{i}", "body": "x"})
+        else:
+            run.call(f"i-{i}", "github.create_issue", {"repo": "octo/hello", "title": f"issue {i}"})
+    create_ledger(k8s_api, namespace, "run-chaos", run.entries)
+    before = effects(upstream)
+    ran = plugin(control_plane.kubeconfig, namespace, "rollback", "ledger/run-chaos", "--reason", "chaos")
+    assert ran.code == 0, ran.err
+    rng = random.Random(11)
+
+    def finished() -> bool:
+        rb = (ledger(k8s_api, namespace, "run-chaos").get("status") or {}).get("rollback") or {}
+        return bool(rb.get("finished"))
+    kills = 0
+    try:
+        while kills < 10 and not finished():
+            # a random moment: before the restarted operator leads (after --lease-duration=6),
+            # or while it records and starts steps
+            time.sleep(rng.uniform(0.5, 8.0))
+            operator.stop(sig=9)
+            kills += 1
+            operator.start()
+    finally:
+        if operator.proc is None or operator.proc.poll() is not None:
+            operator.start()
+    assert kills == 10, f"the rollback finished after {kills} kills"
+    obj = rolled_back(k8s_api, namespace, "run-chaos", timeout=240)
+    assert conditions(obj)["RolledBack"]["status"] == "True", conditions(obj)
+    assert {e["state"] for e in entries(obj).values()} == {"undone"}
+    after = effects(upstream)
+    assert after.get("issues.close", 0) - before.get("issues.close", 0) == 10
+    assert after.get("comments.delete", 0) - before.get("comments.delete", 0) == 10
+    assert len(jobs(k8s_api, namespace, "run-chaos")) == 20
+
+
+def test_a_step_whose_undo_requires_approval_waits_for_an_approval_of_its_entry(
+        tools: dict[str, Any], upstream: Upstream, kubelet: JobKubelet, control_plane: ControlPlane,
+        k8s_api: client.ApiClient, namespace: str) -> None:
+    run = Run(upstream, tools)
+    issue = run.call("i-1", "test.issue_closed_with_approval", {"repo": "octo/hello", "title": "needs a human"})
+    create_ledger(k8s_api, namespace, "run-approve", run.entries)
+    ran = plugin(control_plane.kubeconfig, namespace, "rollback", "ledger/run-approve", "--reason", "r")
+    assert ran.code == 0, ran.err
+    waiting = wait_for("waiting for approval", lambda: (o := ledger(k8s_api, namespace, "run-approve"))
+                       and conditions(o).get("RolledBack", {}).get("reason") == "WaitingForApproval" and o)
+    assert "kubectl unwind approve ledger/run-approve --entry i-1" in conditions(waiting)["RolledBack"]["message"]
+    assert not jobs(k8s_api, namespace, "run-approve")
+    approved = plugin(control_plane.user_kubeconfig("carol"), namespace, "approve", "ledger/run-approve",
+                      "--entry", "i-1")
+    assert approved.code == 0, approved.err
+    obj = rolled_back(k8s_api, namespace, "run-approve")
+    assert conditions(obj)["RolledBack"]["status"] == "True"
+    step = obj["status"]["rollback"]["steps"][0]
+    assert step["approved_by"]["user"] == "carol"
+    assert entries(obj)["i-1"]["undo"]["approved_by"]["user"] == "carol"
+    assert upstream.request("GET", f"/issues/{issue['number']}")["state"] == "closed"

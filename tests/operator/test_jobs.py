@@ -1,0 +1,46 @@
+"""What the operator reads from an undo Job and its pods, and which ledger events wake the
+rollback loop (operator/unwind/operator/jobs.py), without a cluster."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from unwind.operator.jobs import job_view, relevant
+
+
+def job(*conditions: tuple[str, str, str]) -> dict[str, Any]:
+    return {"metadata": {"name": "run-undo-1-ab"},
+            "status": {"conditions": [{"type": t, "status": s, "reason": r, "message": "m"}
+                                      for t, s, r in conditions]}}
+
+
+def pod(phase: str, created: str, message: str | None) -> dict[str, Any]:
+    term = {"exitCode": 0 if phase == "Succeeded" else 1, **({"message": message} if message else {})}
+    return {"metadata": {"creationTimestamp": created},
+            "status": {"phase": phase, "containerStatuses": [{"state": {"terminated": term}}]}}
+
+
+def test_a_complete_job_reads_the_message_of_its_succeeded_pod_even_after_a_failed_one() -> None:
+    view = job_view(job(("Complete", "True", "")), [pod("Succeeded", "2026-01-01T00:00:05Z", '{"ok":true}'),
+                                                     pod("Failed", "2026-01-01T00:00:09Z", '{"ok":false}')])
+    assert (view.phase, view.message) == ("succeeded", '{"ok":true}')
+
+
+def test_a_failed_job_reads_its_latest_pods_message_and_why_it_failed() -> None:
+    view = job_view(job(("Failed", "True", "BackoffLimitExceeded")),
+                    [pod("Failed", "2026-01-01T00:00:01Z", "first"), pod("Failed", "2026-01-01T00:00:20Z", "second")])
+    assert (view.phase, view.message) == ("failed", "second")
+    assert view.why == "BackoffLimitExceeded: m"
+
+
+def test_a_job_without_a_finished_condition_is_running_and_a_pod_without_message_gives_none() -> None:
+    view = job_view(job(("Failed", "False", "")), [pod("Failed", "2026-01-01T00:00:01Z", None)])
+    assert (view.phase, view.message) == ("running", None)
+
+
+def test_only_ledgers_with_a_rollback_or_a_lost_answer_wake_the_loop() -> None:
+    assert not relevant({"spec": {"run": "r"}, "status": {"entries": [{"state": "succeeded"}]}})
+    assert relevant({"spec": {"rollback": {"requested": True}}})
+    assert relevant({"status": {"rollback": {"generation": 1, "steps": []}}})
+    assert not relevant({"status": {"rollback": {"generation": 1, "finished": "t"}}})
+    assert relevant({"status": {"entries": [{"state": "uncertain"}]}})
