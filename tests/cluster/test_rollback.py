@@ -15,18 +15,20 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cluster_helpers import GROUP, VERSION, apply, trust, wait_for
+import yaml
+from cluster_helpers import GROUP, ROOT, VERSION, apply, trust, wait_for
 from kubernetes import client
 
 from unwind.bundle import load_bundle
 from unwind.cli.main import main
 from unwind.controlplane import ControlPlane
 from unwind.controlplane.dev import OperatorProcess
+from unwind.controlplane.node import Node, unwind_pod
 from unwind.operator.rollback_world import (
-    JobKubelet,
     Upstream,
     create_ledger,
     effect,
+    job_kubelet,
     make_entry,
     tool_resources,
 )
@@ -59,8 +61,8 @@ def tools(operator: OperatorProcess, control_plane: ControlPlane, k8s_api: clien
 
 
 @pytest.fixture
-def kubelet(k8s_api: client.ApiClient, namespace: str) -> Iterator[JobKubelet]:
-    with JobKubelet(k8s_api, namespace) as k:
+def kubelet(k8s_api: client.ApiClient, namespace: str) -> Iterator[Node]:
+    with job_kubelet(k8s_api, namespace) as k:
         yield k
 
 
@@ -80,6 +82,15 @@ def plugin(kubeconfig: Path, namespace: str, *argv: str) -> Ran:
 def ledger(api: client.ApiClient, namespace: str, name: str) -> dict[str, Any]:
     return dict(client.CustomObjectsApi(api).get_namespaced_custom_object(GROUP, VERSION, namespace,
                                                                           "effectledgers", name))
+
+
+def ledger_or_none(api: client.ApiClient, namespace: str, name: str) -> dict[str, Any] | None:
+    try:
+        return ledger(api, namespace, name)
+    except client.ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise
 
 
 def conditions(obj: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -136,7 +147,7 @@ def reads(upstream: Upstream) -> dict[str, int]:
 
 
 def test_a_charge_a_comment_an_issue_and_a_staged_release_are_planned_and_rolled_back_by_jobs(
-        tools: dict[str, Any], upstream: Upstream, kubelet: JobKubelet, control_plane: ControlPlane,
+        tools: dict[str, Any], upstream: Upstream, kubelet: Node, control_plane: ControlPlane,
         k8s_api: client.ApiClient, namespace: str, tmp_path: Path) -> None:
     run = Run(upstream, tools)
     story(run)
@@ -192,8 +203,79 @@ def test_a_charge_a_comment_an_issue_and_a_staged_release_are_planned_and_rolled
     assert main(["ledger", "verify", str(tmp_path / "run-42.json"), "--trust", str(tmp_path / "evidence.pub")]) == 0
 
 
+def demo_objects(namespace: str) -> list[dict[str, Any]]:
+    """examples/demo-agent.yaml in ``namespace``, with a charge first: the issue's story (the
+    example's namespace has no payments tools)."""
+    docs = [d for d in yaml.safe_load_all((ROOT / "examples" / "demo-agent.yaml").read_text()) if d]
+    for doc in docs:
+        doc["metadata"]["namespace"] = namespace
+        for subject in doc.get("subjects", []):
+            subject["namespace"] = namespace
+    account, pod = docs[0], docs[-1]
+    account["metadata"]["annotations"]["unwind.dev/scopes"] += ",payments:write"
+    env = pod["spec"]["containers"][0]["env"][0]
+    env["value"] = json.dumps([{"tool": "stripe.create_charge", "key": "charge-1", "arguments": {
+        "order_id": "o1", "amount": 2500, "card_token": "tok_visa"}}, *json.loads(env["value"])])
+    return docs
+
+
+def test_the_demo_agent_calls_through_its_injected_gateway_and_its_run_is_rolled_back_by_jobs(
+        tools: dict[str, Any], upstream: Upstream, control_plane: ControlPlane, k8s_api: client.ApiClient,
+        namespace: str, tmp_path: Path) -> None:
+    kubeconfig = control_plane.kubeconfig
+    core = client.CoreV1Api(k8s_api)
+    with Node(k8s_api, namespace=namespace, select=unwind_pod, logs=tmp_path / "pods",
+              extra_env={"PYTHONPATH": str(ROOT / "operator")}):
+        apply(kubeconfig, namespace, *demo_objects(namespace))
+        # the charge needs two approvals of group finance; the agent repeats it until then
+        wait_for("the charge awaiting approval", lambda: any(
+            e["id"] == "charge-1" and e["state"] == "awaiting_approval"
+            for e in ((ledger_or_none(k8s_api, namespace, "demo-run") or {}).get("status") or {}).get("entries", [])),
+            timeout=90)
+        for user in ("carol", "dave"):
+            approved = plugin(control_plane.user_kubeconfig(user), namespace, "approve", "ledger/demo-run",
+                              "--entry", "charge-1", "--reason", "refundable")
+            assert approved.code == 0, approved.err
+        phase = wait_for("the demo pod finished", lambda: (p := core.read_namespaced_pod("demo-run", namespace).status.phase)
+                         in ("Succeeded", "Failed") and p, timeout=120)
+        said = (tmp_path / "pods" / namespace / "demo-run" / "agent.log").read_text()
+        assert phase == "Succeeded", said + (tmp_path / "pods" / namespace / "demo-run" / "unwind-gateway.log").read_text()
+        assert "stripe.create_charge: 428 approval_required" in said
+        assert "stripe.create_charge: 200 compensable, ledger demo-run entry charge-1; undo: compensate stripe.refund" in said
+        assert "github.create_comment: 200 reversible, ledger demo-run entry comment-1; " \
+               "undo: inverse github.delete_comment" in said
+        assert "github.create_release: 200 irreversible" in said and "staged: discard github.delete_release" in said
+        obj = ledger(k8s_api, namespace, "demo-run")
+        assert [e["tool"] for e in obj["status"]["entries"]] == [
+            "stripe.create_charge", "github.create_comment", "github.create_issue", "github.create_release"]
+        assert all(e["actor"] == f"system:serviceaccount:{namespace}:demo-agent" for e in obj["status"]["entries"])
+
+        plan = plugin(kubeconfig, namespace, "plan", "ledger/demo-run", "--json")
+        assert plan.code == 0, plan.err
+        steps = json.loads(plan.out)["steps"]
+        assert [(s["tool"], s["action"], s["undo_tool"]) for s in steps] == [
+            ("github.create_release", "discard", "github.delete_release"),
+            ("github.create_issue", "compensate", "github.close_issue"),
+            ("github.create_comment", "inverse", "github.delete_comment"),
+            ("stripe.create_charge", "compensate", "stripe.refund")]
+        assert steps[1]["residue"] and steps[3]["residue"]
+
+        before = effects(upstream)
+        ran = plugin(kubeconfig, namespace, "rollback", "ledger/demo-run", "--reason", "demo", "--watch",
+                     "--timeout", "180s")
+        assert ran.code == 0, ran.out + ran.err
+        assert "ledger/demo-run: rolled back" in ran.out
+    obj = ledger(k8s_api, namespace, "demo-run")
+    assert conditions(obj)["RolledBack"]["status"] == "True"
+    assert {e["state"] for e in obj["status"]["entries"]} == {"undone"}
+    after = effects(upstream)
+    assert {r: after.get(r, 0) - before.get(r, 0) for r in
+            ("releases.delete", "issues.close", "comments.delete", "charges.refund")} == dict.fromkeys(
+        ("releases.delete", "issues.close", "comments.delete", "charges.refund"), 1)
+
+
 def test_a_failed_read_back_fails_its_step_with_the_first_mismatch_and_the_ledger_is_degraded(
-        tools: dict[str, Any], upstream: Upstream, kubelet: JobKubelet, control_plane: ControlPlane,
+        tools: dict[str, Any], upstream: Upstream, kubelet: Node, control_plane: ControlPlane,
         k8s_api: client.ApiClient, namespace: str) -> None:
     run = Run(upstream, tools)
     run.call("w-1", "test.issue_checked_wrongly", {"repo": "octo/hello", "title": "x"})
@@ -213,7 +295,7 @@ def test_a_failed_read_back_fails_its_step_with_the_first_mismatch_and_the_ledge
 
 
 def test_an_unrecoverable_entry_is_reported_and_skipped_and_since_undoes_only_what_came_after(
-        tools: dict[str, Any], upstream: Upstream, kubelet: JobKubelet, control_plane: ControlPlane,
+        tools: dict[str, Any], upstream: Upstream, kubelet: Node, control_plane: ControlPlane,
         k8s_api: client.ApiClient, namespace: str) -> None:
     run = Run(upstream, tools)
     old = run.call("i-old", "github.create_issue", {"repo": "octo/hello", "title": "before"})
@@ -236,7 +318,7 @@ def test_an_unrecoverable_entry_is_reported_and_skipped_and_since_undoes_only_wh
 
 
 def test_a_lost_answer_is_found_by_its_lookup_and_rolled_back_like_any_other(
-        tools: dict[str, Any], upstream: Upstream, kubelet: JobKubelet, control_plane: ControlPlane,
+        tools: dict[str, Any], upstream: Upstream, kubelet: Node, control_plane: ControlPlane,
         k8s_api: client.ApiClient, namespace: str) -> None:
     run = Run(upstream, tools)
     # the upstream applied the charge, the gateway saw a timeout: the entry is uncertain
@@ -256,7 +338,7 @@ def test_a_lost_answer_is_found_by_its_lookup_and_rolled_back_like_any_other(
 
 
 def test_an_uncertain_entry_is_resolved_by_a_lookup_job_without_a_rollback(
-        tools: dict[str, Any], upstream: Upstream, kubelet: JobKubelet, k8s_api: client.ApiClient,
+        tools: dict[str, Any], upstream: Upstream, kubelet: Node, k8s_api: client.ApiClient,
         namespace: str) -> None:
     run = Run(upstream, tools)
     charge = effect(upstream, "stripe.create_charge", {"order_id": "o5", "amount": 5}, "charge-o5")
@@ -274,7 +356,7 @@ def test_an_uncertain_entry_is_resolved_by_a_lookup_job_without_a_rollback(
 
 
 def test_the_operator_killed_ten_times_during_a_rollback_of_twenty_entries_undoes_each_exactly_once(
-        tools: dict[str, Any], upstream: Upstream, kubelet: JobKubelet, control_plane: ControlPlane,
+        tools: dict[str, Any], upstream: Upstream, kubelet: Node, control_plane: ControlPlane,
         operator: OperatorProcess, k8s_api: client.ApiClient, namespace: str) -> None:
     run = Run(upstream, tools)
     for i in range(20):
@@ -314,7 +396,7 @@ def test_the_operator_killed_ten_times_during_a_rollback_of_twenty_entries_undoe
 
 
 def test_a_step_whose_undo_requires_approval_waits_for_an_approval_of_its_entry(
-        tools: dict[str, Any], upstream: Upstream, kubelet: JobKubelet, control_plane: ControlPlane,
+        tools: dict[str, Any], upstream: Upstream, kubelet: Node, control_plane: ControlPlane,
         k8s_api: client.ApiClient, namespace: str) -> None:
     run = Run(upstream, tools)
     issue = run.call("i-1", "test.issue_closed_with_approval", {"repo": "octo/hello", "title": "needs a human"})

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import sys
@@ -119,7 +120,33 @@ def cmd_dev_up(args: argparse.Namespace) -> int:
     print(f"chart: release unwind {CHART_DONE[started.chart]}")
     print(f"control plane: {cp.server}")
     print(f"operator: pid {started.operator_pid}, log {workdir / 'operator.log'}")
+    print(f"node (kubelet stand-in): log {workdir / 'node.log'}, pods' output in {workdir / 'pods'}")
+    if started.upstream:
+        print(f"examples' upstream (a fake GitHub and Stripe): http://127.0.0.1:8788, log {workdir / 'upstream.log'}")
+    else:
+        print("examples' upstream: not started (127.0.0.1:8788 is taken, or tests/upstream is not here)")
     print(f"export KUBECONFIG={cp.kubeconfig}")
+    return 0
+
+
+def cmd_dev_node(args: argparse.Namespace) -> int:
+    import signal
+    import threading
+
+    from kubernetes import client, config
+
+    from ..controlplane.node import Node
+
+    config.load_kube_config(args.kubeconfig)  # type: ignore[no-untyped-call]
+    env = {"PYTHONPATH": os.environ["PYTHONPATH"]} if os.environ.get("PYTHONPATH") else {}
+    done = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: done.set())
+    with Node(client.ApiClient(), namespace=args.namespace, workers=args.workers,
+              logs=Path(args.logs) if args.logs else None, extra_env=env):
+        print(f"node: running undo Jobs' pods and pods with the gateway sidecar in "
+              f"{args.namespace or 'every namespace'}", flush=True)
+        with contextlib.suppress(KeyboardInterrupt):
+            done.wait()
     return 0
 
 
@@ -197,6 +224,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--clean", action="store_true", help="delete a stopped cluster's data in --dir "
                    "and start over (default: resume it)")
     p.set_defaults(func=cmd_dev_up)
+    p = dsub.add_parser("node", help="the kubelet stand-in `dev up` starts: run undo Jobs' pods and "
+                        "pods with the gateway sidecar as local processes")
+    p.add_argument("--kubeconfig", default=None, help="default $KUBECONFIG")
+    p.add_argument("-n", "--namespace", default=None, help="only this namespace (default: all)")
+    p.add_argument("--workers", type=int, default=4, help="pods run at once (default 4)")
+    p.add_argument("--logs", default=None, help="keep each container's output in LOGS/NAMESPACE/POD/")
+    p.set_defaults(func=cmd_dev_node)
     p = dsub.add_parser("down", help="stop what `dev up` started")
     p.add_argument("--dir", default=".dev")
     p.set_defaults(func=cmd_dev_down)

@@ -3,7 +3,9 @@ process running under the chart's ServiceAccount token.
 
 ``unwind dev up`` and the cluster tests share this, so what a developer runs is what the
 tests check: a missing RBAC rule in the chart fails both. There is no kubelet, so the
-chart's Deployment stays Pending; the operator runs beside it with the same identity.
+chart's Deployment stays Pending; the operator runs beside it with the same identity. The
+kubelet stand-in (``unwind dev node``, :mod:`unwind.controlplane.node`) runs what Unwind
+puts into pods: agent pods with the injected gateway and undo Jobs' pods.
 
 ``up`` after ``down`` resumes the stopped cluster (see :func:`resume_or_clean`): its etcd
 data still holds the Helm release and everything the user applied, so the chart is
@@ -14,6 +16,7 @@ with a kubeconfig for the new API server port.
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import shutil
@@ -47,6 +50,7 @@ CHART = ROOT / "charts" / "unwind"
 OPERATOR_NAMESPACE = "unwind-system"
 RELEASE = "unwind"
 SERVICE_ACCOUNT = "unwind"
+DEV_IMAGE = "unwind:dev"  # never pulled: the node stand-in runs commands, not images
 
 
 def kubectl(kubeconfig: Path, *args: str, input_text: str | None = None, check: bool = True) -> str:
@@ -228,19 +232,32 @@ class Start(NamedTuple):
     why: str
 
 
+# What ``up`` starts beside the control plane: pid file stem -> (how it is named, words
+# its command line holds, so a pid reused by another process is never signalled).
+DAEMONS = {"operator": ("the operator", (b"unwind.cli.main", b"operator")),
+           "node": ("the kubelet stand-in", (b"unwind.cli.main", b"node")),
+           "upstream": ("the examples' upstream", (b"tests.upstream.server",))}
+UPSTREAM_PORT = 8788  # where manifests/ point
+
+
+def daemon_pid(workdir: Path, stem: str) -> int | None:
+    """The pid in ``workdir/STEM.pid`` while that process is still ours, else None."""
+    try:
+        pid = int((workdir / f"{stem}.pid").read_text())
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except (OSError, ValueError):
+        return None
+    return pid if pid_alive(pid) and all(word in argv for word in DAEMONS[stem][1]) else None
+
+
 def running(workdir: Path) -> str | None:
-    """What still runs from ``up`` in workdir (a component or the operator), or None."""
+    """What still runs from ``up`` in workdir (a component, the operator, the node), or None."""
     components = running_in_dir(workdir / "cluster")
     if components:
         return ", ".join(f"{name} (pid {pid})" for name, pid in components.items())
-    try:
-        pid = int((workdir / "operator.pid").read_text())
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except (OSError, ValueError):
-        return None
-    if pid_alive(pid) and b"unwind.cli.main" in cmdline and b"operator" in cmdline:
-        return f"the operator (pid {pid})"
-    return None
+    alive = [f"{what} (pid {pid})" for stem, (what, _) in DAEMONS.items()
+             if (pid := daemon_pid(workdir, stem)) is not None]
+    return ", ".join(alive) or None
 
 
 def resume_or_clean(workdir: Path, *, clean: bool = False) -> Start:
@@ -259,7 +276,7 @@ def resume_or_clean(workdir: Path, *, clean: bool = False) -> Start:
             f"(export KUBECONFIG={workdir / 'cluster' / 'kubeconfig'}) or stop it first "
             f"with `unwind dev down --dir {workdir}`")
     cluster = workdir / "cluster"
-    stale = [f for f in (cluster / "state.json", workdir / "operator.pid") if f.exists()]
+    stale = [f for f in (cluster / "state.json", *(workdir / f"{d}.pid" for d in DAEMONS)) if f.exists()]
     for file in stale:  # their processes are gone (a reboot, a kill -9): not a running cluster
         file.unlink()
     if clean:
@@ -283,6 +300,7 @@ class Started(NamedTuple):
     operator_pid: int
     start: Start
     chart: ChartAction
+    upstream: bool = False  # the examples' upstream was started on 127.0.0.1:8788
 
 
 def _unverified() -> ssl.SSLContext:
@@ -304,30 +322,62 @@ def up(workdir: Path, *, clean: bool = False) -> Started:
         raise ControlPlaneError(f"the stopped cluster in {workdir / 'cluster'} did not start again "
                                 f"({exc}); `unwind dev up --clean` starts over, deleting its "
                                 "data") from exc
+    # Injection and undo Jobs need an image name; the node stand-in runs their commands.
     op = OperatorProcess(workdir / "operator.kubeconfig", workdir / "operator.log",
-                         ("--trusted-appliers=admin",), webhook_port=free_ports(1)[0])
+                         ("--trusted-appliers=admin", f"--gateway-image={DEV_IMAGE}"),
+                         webhook_port=free_ports(1)[0])
+    node: subprocess.Popen[bytes] | None = None
     try:
         install_crds(cp.kubeconfig)
         chart = install_chart(cp.kubeconfig, local_values(op.webhook_port))
         service_account_kubeconfig(cp, op.kubeconfig)
         op.start(detach=True)
+        node = start_node(cp.kubeconfig, workdir)
     except BaseException:
         op.stop()
         cp.stop()
         raise
     assert op.proc is not None
     (workdir / "operator.pid").write_text(str(op.proc.pid))
-    return Started(cp, op.proc.pid, start, chart)
+    (workdir / "node.pid").write_text(str(node.pid))
+    upstream = start_upstream(workdir)
+    if upstream is not None:
+        (workdir / "upstream.pid").write_text(str(upstream.pid))
+    return Started(cp, op.proc.pid, start, chart, upstream is not None)
+
+
+def start_upstream(workdir: Path) -> subprocess.Popen[bytes] | None:
+    """The test upstream the examples call (a fake GitHub and Stripe) on 127.0.0.1:8788,
+    from this clone's tests/; None when there is no such file or the port is taken."""
+    if not (ROOT / "tests" / "upstream" / "server.py").is_file():
+        return None
+    with socket.socket() as probe:
+        if probe.connect_ex(("127.0.0.1", UPSTREAM_PORT)) == 0:
+            return None
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "operator"), str(ROOT)])}
+    with (workdir / "upstream.log").open("ab") as out:
+        return subprocess.Popen([sys.executable, "-m", "tests.upstream.server", "--port", str(UPSTREAM_PORT)],
+                                cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                env=env, start_new_session=True)
+
+
+def start_node(kubeconfig: Path, workdir: Path) -> subprocess.Popen[bytes]:
+    """``unwind dev node`` detached, its containers' output kept in ``workdir/pods``."""
+    env = {**os.environ, "KUBECONFIG": str(kubeconfig), "PYTHONUNBUFFERED": "1",
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "operator"), os.environ.get("PYTHONPATH")]))}
+    with (workdir / "node.log").open("ab") as out:
+        return subprocess.Popen([sys.executable, "-m", "unwind.cli.main", "dev", "node",
+                                 f"--logs={workdir / 'pods'}"], stdout=out, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, env=env, start_new_session=True)
 
 
 def down(workdir: Path) -> bool:
     stopped = False
-    pid_file = workdir / "operator.pid"
-    if pid_file.exists():
-        try:
-            os.kill(int(pid_file.read_text()), signal.SIGTERM)
-            stopped = True
-        except (ProcessLookupError, ValueError):
-            pass
-        pid_file.unlink()
+    for stem in DAEMONS:
+        pid = daemon_pid(workdir, stem)
+        if pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+                stopped = True
+        (workdir / f"{stem}.pid").unlink(missing_ok=True)
     return stop_from_dir(workdir / "cluster") or stopped

@@ -241,8 +241,10 @@ class PodRunner:
             return 127
         return proc.wait(timeout)
 
-    def stop(self, report: bool = True) -> None:
-        """Stop every container still running (SIGTERM, then SIGKILL), report, clean up."""
+    def stop(self, report: bool = True, sidecars: frozenset[str] = frozenset(),
+             keep_logs: Path | None = None) -> PodResult | None:
+        """Stop every container still running (SIGTERM, then SIGKILL), report, clean up
+        (each container's output copied to ``keep_logs/CONTAINER.log`` first)."""
         self._stop.set()
         for proc in self.procs.values():
             if proc.poll() is None:
@@ -253,9 +255,15 @@ class PodRunner:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait(5)
-        if report:
-            self.report()
-        shutil.rmtree(self.root, ignore_errors=True)
+        try:
+            return self.report(sidecars) if report else None
+        finally:
+            if keep_logs is not None:
+                keep_logs.mkdir(parents=True, exist_ok=True)
+                for container, log in self.logs.items():
+                    with contextlib.suppress(OSError):
+                        shutil.copyfile(log, keep_logs / f"{container}.log")
+            shutil.rmtree(self.root, ignore_errors=True)
 
     def _patch_running(self) -> None:
         statuses = [{"name": c.name, "image": c.image or "", "imageID": "", "ready": True, "restartCount": 0,
@@ -264,9 +272,10 @@ class PodRunner:
         self.core.patch_namespaced_pod_status(self.name, self.namespace, {"status": {
             "phase": "Running", "startTime": self.started, "containerStatuses": statuses}})
 
-    def report(self) -> PodResult:
+    def report(self, sidecars: frozenset[str] = frozenset()) -> PodResult:
         """Patch the Pod's status with each container's end; the Pod's result is its first
-        container's (a Job's pod has one)."""
+        container's (a Job's pod has one). ``sidecars`` were stopped because the others had
+        finished: their end does not decide the phase (as for Kubernetes' native sidecars)."""
         statuses, results = [], []
         for container in self.pod.spec.containers:
             proc = self.procs.get(container.name)
@@ -281,7 +290,8 @@ class PodRunner:
                                                       "message": message, "startedAt": self.started,
                                                       "finishedAt": _now()}}})
             results.append(PodResult(self.name, code, "Succeeded" if code == 0 else "Failed", message, output))
-        phase = "Succeeded" if all(r.exit_code == 0 for r in results) else "Failed"
+        deciding = [r for c, r in zip(self.pod.spec.containers, results, strict=True) if c.name not in sidecars]
+        phase = "Succeeded" if all(r.exit_code == 0 for r in deciding) else "Failed"
         self.core.patch_namespaced_pod_status(self.name, self.namespace, {"status": {
             "phase": phase, "startTime": self.started,
             "conditions": [{"type": "Ready", "status": "False", "reason": "PodCompleted",

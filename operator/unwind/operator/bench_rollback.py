@@ -44,10 +44,10 @@ from ..registry.signing import TrustStore
 from .bench import peak_rss_mb, rss_mb
 from .rollback_world import (
     ROOT,
-    JobKubelet,
     Upstream,
     create_ledger,
     effect,
+    job_kubelet,
     make_entry,
     tool_resources,
 )
@@ -137,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
             assert op.proc is not None
             idle = rss_mb(op.proc.pid)
             custom: Any = client.CustomObjectsApi(api)
-            with JobKubelet(api, NAMESPACE, workers=args.parallelism):
+            with job_kubelet(api, NAMESPACE, workers=args.parallelism):
                 t0 = time.monotonic()
                 custom.patch_namespaced_custom_object("unwind.dev", "v1alpha1", NAMESPACE, "effectledgers", LEDGER,
                                                       {"spec": {"rollback": {"requested": True, "reason": "bench"}}})

@@ -6,7 +6,7 @@
   (``tool_resources``), applied into a namespace by a trusted applier;
 - ledger entries as the gateway writes them (``make_entry``: the handle built by the
   gateway's own ``build_handle``, the checksum of the version that ran);
-- ``JobKubelet``: the kubelet stand-in playing the node for every undo Job's pod of one
+- ``job_kubelet``: the kubelet stand-in playing the node for every undo Job's pod of one
   namespace, a few at a time, each as a local ``unwind undo-step`` process.
 """
 
@@ -17,11 +17,8 @@ import os
 import socket
 import subprocess
 import sys
-import threading
 import time
 import urllib.request
-from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -29,11 +26,10 @@ from typing import Any
 import yaml
 from kubernetes import client
 
-from ..controlplane.kubelet import pending_pods, run_pod
+from ..controlplane.node import Node, undo_job_pod
 from ..ledger.entry import Entry, Staged, Times, stamp
 from ..ledger.handle import build_handle
 from ..manifest.model import ToolManifest
-from .undojob import LEDGER_LABEL
 
 ROOT = Path(__file__).resolve().parents[3]
 # The upstream route each effectful tool of the examples calls (for ``effect``).
@@ -146,46 +142,8 @@ def create_ledger(api: client.ApiClient, namespace: str, name: str, entries: lis
                                                                 "effectledgers", name, obj))
 
 
-class JobKubelet:
-    """Runs every Pending undo-Job pod of ``namespace`` as a local process (at most
-    ``workers`` at once), until stopped."""
-
-    def __init__(self, api: client.ApiClient, namespace: str, workers: int = 4) -> None:
-        self.api, self.namespace = api, namespace
-        self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="kubelet")
-        self.started: set[str] = set()
-        self.results: list[Any] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True, name="job-kubelet")
-        bin_dir = str(Path(sys.executable).parent)
-        self.env = {"PYTHONPATH": str(ROOT / "operator"),
-                    "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '/usr/bin:/bin')}"}
-
-    def __enter__(self) -> JobKubelet:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(10)
-        self.pool.shutdown(wait=True, cancel_futures=True)
-
-    def _pending(self) -> Iterator[Any]:
-        try:
-            yield from pending_pods(self.api, self.namespace, LEDGER_LABEL)
-        except client.ApiException:
-            return
-
-    def _run(self) -> None:
-        while not self._stop.wait(0.3):
-            for pod in self._pending():
-                name = pod.metadata.name
-                if name not in self.started:
-                    self.started.add(name)
-                    self.pool.submit(self._one, name)
-
-    def _one(self, name: str) -> None:
-        try:
-            self.results.append(run_pod(self.api, self.namespace, name, timeout=120, extra_env=self.env))
-        except Exception as exc:  # a pod deleted meanwhile: the Job controller makes another
-            self.results.append(exc)
+def job_kubelet(api: client.ApiClient, namespace: str, workers: int = 4) -> Node:
+    """The kubelet stand-in running every Pending undo-Job pod of ``namespace`` as a local
+    ``unwind undo-step`` process (at most ``workers`` at once), until stopped."""
+    return Node(api, namespace=namespace, select=undo_job_pod, workers=workers,
+                extra_env={"PYTHONPATH": str(ROOT / "operator")})
