@@ -25,11 +25,14 @@ from unwind.controlplane import BuildError, ControlPlaneError, ensure_binaries
 from unwind.controlplane.certs import write_pki
 from unwind.controlplane.cluster import running_in_dir
 from unwind.controlplane.dev import (
+    DAEMONS,
     Start,
     chart_action,
+    daemon_pid,
     down,
     kubectl,
     resume_or_clean,
+    running,
     up,
 )
 from unwind.controlplane.procs import pid_alive
@@ -85,8 +88,13 @@ def test_up_after_down_resumes_the_cluster_with_the_manifests_that_were_applied(
 
     with pytest.raises(ControlPlaneError, match=r"already running in .*unwind dev down"):
         up(dev_dir)
+    daemons = {stem: daemon_pid(dev_dir, stem) for stem in DAEMONS}
+    assert daemons["operator"] and daemons["node"], daemons
+    assert bool(daemons["upstream"]) == first.upstream  # not started when port 8788 is taken
     assert down(dev_dir)
     assert not running_in_dir(dev_dir / "cluster")
+    assert not [stem for stem, pid in daemons.items() if pid and pid_alive(pid)]
+    assert running(dev_dir) is None
 
     second = up(dev_dir)
     assert second.start.resume, second.start

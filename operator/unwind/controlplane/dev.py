@@ -16,7 +16,6 @@ with a kubeconfig for the new API server port.
 from __future__ import annotations
 
 import base64
-import contextlib
 import json
 import os
 import shutil
@@ -43,7 +42,7 @@ from .cluster import (
     running_in_dir,
     stop_from_dir,
 )
-from .procs import pid_alive
+from .procs import pid_alive, terminate
 
 ROOT = Path(__file__).resolve().parents[3]
 CHART = ROOT / "charts" / "unwind"
@@ -376,8 +375,7 @@ def down(workdir: Path) -> bool:
     for stem in DAEMONS:
         pid = daemon_pid(workdir, stem)
         if pid is not None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGTERM)
-                stopped = True
+            terminate(pid)  # SIGTERM, then SIGKILL after 15 s: gone when down returns
+            stopped = True
         (workdir / f"{stem}.pid").unlink(missing_ok=True)
     return stop_from_dir(workdir / "cluster") or stopped

@@ -167,11 +167,16 @@ class PodRunner:
                 self.sync_volumes()
 
     # ---- containers ---------------------------------------------------------------------
-    def _env(self, container: Any) -> dict[str, str]:
+    def _base_env(self, container: Any) -> dict[str, str]:
+        """What the kubelet sets: paths of this machine, never rewritten by mounts."""
         server = urlparse(self.api.configuration.host)
-        env = {"PATH": self.path, "HOME": str(self.root / "home" / container.name),
-               "HOSTNAME": self.name, "KUBERNETES_SERVICE_HOST": server.hostname or "127.0.0.1",
-               "KUBERNETES_SERVICE_PORT": str(server.port or 443)}
+        return {"PATH": self.path, "HOME": str(self.root / "home" / container.name),
+                "HOSTNAME": self.name, "KUBERNETES_SERVICE_HOST": server.hostname or "127.0.0.1",
+                "KUBERNETES_SERVICE_PORT": str(server.port or 443)}
+
+    def _env(self, container: Any) -> dict[str, str]:
+        """The container's declared env (its paths are the container's: mounts rewrite them)."""
+        env: dict[str, str] = {}
         for e in container.env or []:
             if e.value is not None:
                 env[e.name] = e.value
@@ -203,7 +208,8 @@ class PodRunner:
         for container in self.pod.spec.containers:
             mounts = self._mounts(container)
             argv = [self._remap(a, mounts) for a in [*(container.command or []), *(container.args or [])]]
-            env = {k: self._remap(v, mounts) for k, v in self._env(container).items()}
+            env = {**self._base_env(container),
+                   **{k: self._remap(v, mounts) for k, v in self._env(container).items()}}
             Path(env["HOME"]).mkdir(parents=True, exist_ok=True)
             log = self.root / f"{container.name}.log"
             term = self.root / f"{container.name}.termination-log"

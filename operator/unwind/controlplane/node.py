@@ -64,12 +64,13 @@ class Node:
 
     def __init__(self, api: client.ApiClient, *, namespace: str | None = None,
                  select: Select = unwind_pod, workers: int = 4, logs: Path | None = None,
-                 extra_env: dict[str, str] | None = None, interval: float = 0.3) -> None:
+                 extra_env: dict[str, str] | None = None, interval: float = 0.3,
+                 path: str | None = None) -> None:
         self.api, self.namespace, self.select, self.logs = api, namespace, select, logs
         self.core: Any = client.CoreV1Api(api)
         self.extra_env = extra_env or {}
         self.interval = interval
-        self.path = local_path()
+        self.path = path or local_path()
         self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="node")
         self.started: set[str] = set()
         self.results: list[PodResult | Exception] = []
