@@ -246,8 +246,9 @@ def test_the_demo_agent_calls_through_its_injected_gateway_and_its_run_is_rolled
                "undo: inverse github.delete_comment" in said
         assert "github.create_release: 200 irreversible" in said and "staged: discard github.delete_release" in said
         obj = ledger(k8s_api, namespace, "demo-run")
-        assert [e["tool"] for e in obj["status"]["entries"]] == [
-            "stripe.create_charge", "github.create_comment", "github.create_issue", "github.create_release"]
+        assert [(e["id"], e["tool"]) for e in obj["status"]["entries"]] == [
+            ("charge-1", "stripe.create_charge"), ("comment-1", "github.create_comment"),
+            ("issue-1", "github.create_issue"), ("release-1", "github.create_release")]
         assert all(e["actor"] == f"system:serviceaccount:{namespace}:demo-agent" for e in obj["status"]["entries"])
 
         plan = plugin(kubeconfig, namespace, "plan", "ledger/demo-run", "--json")
