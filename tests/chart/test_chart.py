@@ -258,7 +258,7 @@ def test_the_webhooks_fail_closed_skip_the_operator_namespace_and_go_through_the
              for h in only(objects, kind)["webhooks"]]
     assert {h["name"] for h in hooks} == {"toolmanifests.validate.unwind.dev", "approvals.validate.unwind.dev",
                                           "toolmanifests.stamp.unwind.dev", "approvals.stamp.unwind.dev",
-                                          "pods.inject.unwind.dev"}
+                                          "effectledgers.stamp.unwind.dev", "pods.inject.unwind.dev"}
     for hook in hooks:
         # pods fail open: a pod without a gateway rather than no pod; the rest fail closed
         assert hook["failurePolicy"] == ("Ignore" if hook["name"].startswith("pods.") else "Fail")
@@ -414,7 +414,11 @@ def test_people_view_and_edit_through_the_builtin_roles_but_approving_is_granted
                           "unwind-gateway": set()}
     approver = rules_table(roles["unwind-approver"])
     assert approver[("unwind.dev", "approvals")] == {"create", "get", "list", "watch"}
-    assert "create" not in rules_table(roles["unwind-edit"])[("unwind.dev", "approvals")]
+    edit = rules_table(roles["unwind-edit"])
+    assert "create" not in edit[("unwind.dev", "approvals")]
+    # editors ask for rollbacks (spec.rollback, stamped by the webhook); entries stay the gateway's
+    assert edit[("unwind.dev", "effectledgers")] == {"get", "list", "watch", "patch"}
+    assert ("unwind.dev", "effectledgers/status") not in edit
 
 
 def gateway_role(objects: list[dict[str, Any]]) -> dict[str, Any]:

@@ -262,13 +262,16 @@ def test_the_demo_agent_calls_through_its_injected_gateway_and_its_run_is_rolled
         assert steps[1]["residue"] and steps[3]["residue"]
 
         before = effects(upstream)
-        ran = plugin(kubeconfig, namespace, "rollback", "ledger/demo-run", "--reason", "demo", "--watch",
-                     "--timeout", "180s")
+        # bob edits in this namespace (the chart's unwind-edit): he may ask, and is recorded as asking
+        ran = plugin(control_plane.user_kubeconfig("bob"), namespace, "rollback", "ledger/demo-run",
+                     "--reason", "demo", "--watch", "--timeout", "180s")
         assert ran.code == 0, ran.out + ran.err
         assert "ledger/demo-run: rolled back" in ran.out
     obj = ledger(k8s_api, namespace, "demo-run")
     assert conditions(obj)["RolledBack"]["status"] == "True"
     assert {e["state"] for e in obj["status"]["entries"]} == {"undone"}
+    assert obj["status"]["rollback"]["requestedBy"]["user"] == "bob"
+    assert obj["metadata"]["annotations"]["unwind.dev/rollback-by"] == "bob"
     after = effects(upstream)
     assert {r: after.get(r, 0) - before.get(r, 0) for r in
             ("releases.delete", "issues.close", "comments.delete", "charges.refund")} == dict.fromkeys(

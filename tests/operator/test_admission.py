@@ -16,11 +16,12 @@ from unwind.operator.admission import (
     Refused,
     Request,
     mutate_approval,
+    mutate_effectledger,
     mutate_toolmanifest,
     validate_approval,
     validate_toolmanifest,
 )
-from unwind.operator.identity import Identity, stamp_annotations, stamped_identity
+from unwind.operator.identity import Identity, rollback_stamped, stamp_annotations, stamped_identity
 from unwind.registry.signing import TrustStore, sign
 
 KEY = Ed25519PrivateKey.generate()
@@ -282,7 +283,8 @@ def test_an_approval_gets_its_owner_reference_in_the_patch() -> None:
                                     lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=6), c,
                                                                                          max_size=3),
                                     max_leaves=12)),
-       st.sampled_from(["validate-toolmanifest", "stamp-toolmanifest", "stamp-approval", "validate-approval"]))
+       st.sampled_from(["validate-toolmanifest", "stamp-toolmanifest", "stamp-approval", "validate-approval",
+                        "stamp-effectledger"]))
 def test_no_admission_review_crashes_the_dispatch(request: dict[str, Any], path: str) -> None:
     import asyncio
 
@@ -290,3 +292,47 @@ def test_no_admission_review_crashes_the_dispatch(request: dict[str, Any], path:
     assert isinstance(answer["allowed"], bool)
     if not answer["allowed"]:
         assert answer["status"]["message"]
+
+
+# ---- EffectLedger: who asked for a rollback -------------------------------------------
+
+ROLLBACK = {"requested": True, "reason": "the agent misbehaved", "requestedAt": "2026-11-30T10:00:00Z"}
+
+
+def ledger(spec: dict[str, Any], annotations: dict[str, str] | None = None, name: str = "run-1") -> dict[str, Any]:
+    return {"apiVersion": "unwind.dev/v1alpha1", "kind": "EffectLedger",
+            "metadata": {"name": name, "namespace": "shop", **({"annotations": annotations} if annotations else {})},
+            "spec": spec}
+
+
+def requester(obj: dict[str, Any], annotations: dict[str, str]) -> tuple[Identity | None, str]:
+    spec = obj["spec"]
+    return stamped_identity("EffectLedger", "shop", rollback_stamped(obj["metadata"]["name"], spec.get("rollback")),
+                            annotations, TRUST)
+
+
+def test_asking_for_a_rollback_stamps_who_asked_over_the_ledger_and_the_request() -> None:
+    old = ledger({"run": "run-1"})
+    new = ledger({"run": "run-1", "rollback": ROLLBACK})
+    notes = mutate_effectledger(req("UPDATE", new, old, who=BOB), signer)
+    assert notes["unwind.dev/rollback-by"] == "bob"
+    assert requester(new, notes) == (BOB, "")
+    # copied to another ledger with the same request, or kept for another request: no longer bob's
+    assert requester(ledger(new["spec"], name="run-2"), notes)[0] is None
+    assert requester(ledger({"run": "run-1", "rollback": {**ROLLBACK, "reason": "other"}}), notes)[0] is None
+
+
+def test_a_ledger_update_that_leaves_the_request_alone_keeps_the_stored_stamp_and_stamps_nobody_new() -> None:
+    asked = ledger({"run": "run-1", "rollback": ROLLBACK})
+    stored = ledger(asked["spec"], mutate_effectledger(req("UPDATE", asked, ledger({"run": "run-1"}), who=BOB), signer))
+    relabelled = ledger(asked["spec"])  # a client that dropped the annotations (kubectl replace)
+    assert mutate_effectledger(req("UPDATE", relabelled, stored, who=ALICE), signer) == {
+        k: v for k, v in stored["metadata"]["annotations"].items()}
+    assert mutate_effectledger(req("UPDATE", ledger({"run": "run-1"}), ledger({"run": "run-1"})), signer) == {}
+    assert mutate_effectledger(req("CREATE", asked), signer) == {}  # creates are the gateway's
+
+
+def test_a_rollback_requester_typed_by_the_client_is_refused() -> None:
+    new = ledger({"run": "run-1", "rollback": ROLLBACK}, {"unwind.dev/rollback-by": "carol"})
+    with pytest.raises(Refused, match=r"rollback-by\]: is written by the Unwind admission webhook"):
+        mutate_effectledger(req("UPDATE", new, ledger({"run": "run-1"})), signer)

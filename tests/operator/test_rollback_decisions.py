@@ -142,6 +142,19 @@ def test_a_request_freezes_the_plan_in_status_and_creates_the_first_steps_job(ve
     assert [e.reason for e in d.events] == ["Planned"]
 
 
+def test_the_frozen_plan_records_who_asked_and_the_planned_event_names_them(versions: Versions) -> None:
+    w = World(versions, story(versions))
+    w.view.requester = {"user": "alice", "groups": ["sre"]}
+    d = w.step()
+    assert w.view.rollback["requestedBy"] == {"user": "alice", "groups": ["sre"]}
+    assert "requested by alice; reason: bad run" in d.events[0].message
+    unknown = World(versions, story(versions))
+    unknown.view.requester = {"problem": "no identity was recorded"}
+    d = unknown.step()
+    assert unknown.view.rollback["requestedBy"] == {"problem": "no identity was recorded"}
+    assert "requested by" not in d.events[0].message  # still rolled back: an undo is never held up
+
+
 def test_the_job_runs_undo_step_without_api_access_as_non_root_with_its_step_and_deadline(versions: Versions) -> None:
     w = World(versions, story(versions)[:1])
     (job,) = w.step().jobs

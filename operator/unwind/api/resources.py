@@ -102,10 +102,19 @@ class RollbackStep(_Status):
     finished: str | None = None
 
 
+class Requester(_Status):
+    """Who asked for a rollback, from the admission webhook's stamp on the ledger."""
+
+    user: str | None = Field(None, description="Username as the API server authenticated it; null when no stamp verifies (see problem).")
+    groups: list[str] = Field(default_factory=list, description="The user's groups at the time.")
+    problem: str | None = Field(None, description="Why the requester is unknown: no stamp (the webhooks were not installed) or one that does not verify.")
+
+
 class RollbackStatus(_Status):
     """The rollback the operator runs: the request as it was frozen, and its steps."""
 
     request: LedgerRollback = Field(description="spec.rollback when the plan was frozen.")
+    requestedBy: Requester | None = Field(None, description="Who asked (annotation unwind.dev/rollback-by, verified).")
     generation: int = Field(description="The ledger's metadata.generation of that request.")
     planned: str = Field(description="When the plan was frozen (RFC 3339); deadlines are read as of then.")
     replanned: str | None = Field(None, description="When entries found by their lookups were planned again.")

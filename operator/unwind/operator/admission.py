@@ -32,8 +32,10 @@ from .identity import (
     APPLIED,
     APPROVER,
     KEYS_OF_KIND,
+    ROLLBACK_BY,
     Identity,
     Signer,
+    rollback_stamped,
     stamp_annotations,
     stamped_identity,
 )
@@ -123,6 +125,27 @@ def mutate_toolmanifest(req: Request, signer: Signer) -> dict[str, str]:
         return stamp_annotations("ToolManifest", req.namespace, req.new.get("spec"), req.who, signer)
     stored, sent = _annotations(req.old), _annotations(req.new)
     return {k: str(stored[k]) for k in APPLIED.all() if k in stored and k not in sent}
+
+
+# ---- EffectLedger ---------------------------------------------------------------------
+
+
+def mutate_effectledger(req: Request, signer: Signer) -> dict[str, str]:
+    """Stamp who asked for a rollback: a fresh stamp when an update changes
+    ``spec.rollback``, else the stored one kept. The stamp covers the ledger's name and its
+    ``spec.rollback`` (:func:`rollback_stamped`), so it is neither copied to another
+    ledger nor kept for another request. The gateway's writes (creates, status) never come
+    here."""
+    if req.operation != "UPDATE":
+        return {}
+    _refuse_forged(req, "EffectLedger")
+    new, old = req.new.get("spec"), (req.old or {}).get("spec")
+    rollback = new.get("rollback") if isinstance(new, Mapping) else None
+    if rollback and (not isinstance(old, Mapping) or old.get("rollback") != rollback):
+        return stamp_annotations("EffectLedger", req.namespace, rollback_stamped(req.name, rollback),
+                                 req.who, signer)
+    stored, sent = _annotations(req.old), _annotations(req.new)
+    return {k: str(stored[k]) for k in ROLLBACK_BY.all() if k in stored and k not in sent}
 
 
 # ---- Approval -------------------------------------------------------------------------

@@ -78,7 +78,7 @@ def owner_patch(obj: Mapping[str, Any], owner: Mapping[str, Any]) -> list[dict[s
 
 @dataclass
 class Admission:
-    """The four handlers, by path; ``signer`` and ``trust`` arrive when the key is loaded."""
+    """The handlers, by path; ``signer`` and ``trust`` arrive when the key is loaded."""
 
     read: Reader  # gets an Approval's target (None: it does not exist)
     operator_namespace: str
@@ -91,6 +91,7 @@ class Admission:
     def handlers(self) -> dict[str, Handler]:
         return {"validate-toolmanifest": self.validate_toolmanifest, "stamp-toolmanifest": self.stamp_toolmanifest,
                 "stamp-approval": self.stamp_approval, "validate-approval": self.validate_approval,
+                "stamp-effectledger": self.stamp_effectledger,
                 "inject-gateway": self.inject_gateway}
 
     async def review(self, path: str, review: Mapping[str, Any]) -> dict[str, Any]:
@@ -136,6 +137,10 @@ class Admission:
         if result is None:
             return []
         return annotation_patch(req.new, result.annotations) + owner_patch(req.new, result.owner)
+
+    async def stamp_effectledger(self, req: Request, raw: Mapping[str, Any]) -> list[dict[str, Any]]:
+        assert self.signer is not None
+        return annotation_patch(req.new, admission.mutate_effectledger(req, self.signer))
 
     async def validate_approval(self, req: Request, raw: Mapping[str, Any]) -> list[dict[str, Any]]:
         admission.validate_approval(req, self.trust)

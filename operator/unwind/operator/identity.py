@@ -1,4 +1,5 @@
-"""Who changed a ToolManifest's spec, and who decided an Approval: identity stamps.
+"""Who changed a ToolManifest's spec, who decided an Approval, who asked for a rollback
+(an EffectLedger's spec.rollback): identity stamps.
 
 The admission webhook writes the requester's username and groups (from the API server's
 AdmissionReview, never from a field the client types) into annotations, together with a
@@ -59,7 +60,8 @@ class StampKeys:
 
 APPLIED = StampKeys("unwind.dev/applied-by", "unwind.dev/applied-by-groups", "unwind.dev/applied-by-stamp")
 APPROVER = StampKeys("unwind.dev/approver", "unwind.dev/approver-groups", "unwind.dev/approver-stamp")
-KEYS_OF_KIND = {"ToolManifest": APPLIED, "Approval": APPROVER}
+ROLLBACK_BY = StampKeys("unwind.dev/rollback-by", "unwind.dev/rollback-by-groups", "unwind.dev/rollback-by-stamp")
+KEYS_OF_KIND = {"ToolManifest": APPLIED, "Approval": APPROVER, "EffectLedger": ROLLBACK_BY}
 
 Signer = Callable[[bytes], Signature]
 
@@ -70,6 +72,12 @@ def spec_digest(spec: Any) -> str:
         return hashlib.sha256(canonical_json(spec)).hexdigest()
     except (TypeError, ValueError):  # NaN or a non-JSON value: nothing to bind a stamp to
         return ""
+
+
+def rollback_stamped(ledger: str, rollback: Any) -> dict[str, Any]:
+    """What a rollback request's stamp signs in place of a spec: the ledger's name and its
+    spec.rollback (so it is neither copied to another ledger nor kept for another request)."""
+    return {"ledger": ledger, "rollback": rollback}
 
 
 def stamp_message(kind: str, namespace: str, spec: Any, who: Identity) -> bytes:

@@ -40,7 +40,7 @@ from ..manifest.model import ToolManifest
 from ..manifest.validate import validate_manifest
 from ..registry.signing import TrustStore
 from .approval import ApprovalObject
-from .identity import APPROVER
+from .identity import APPROVER, rollback_stamped, stamped_identity
 from .kube import (
     APPROVALS,
     CHECKSUM_ANNOTATION,
@@ -64,6 +64,16 @@ log = logging.getLogger("unwind.operator.rollback")
 PAGE = 20  # ledgers are large: list them a few at a time
 ALL: frozenset[str] = frozenset()  # "every ledger of the namespace"
 
+
+
+def requester(namespace: str, meta: dict[str, Any], rollback: Any,
+              trust: Callable[[], TrustStore]) -> dict[str, Any]:
+    """Who asked for the rollback (``Requester``): the webhook's stamp, verified, or why not."""
+    who, problem = stamped_identity("EffectLedger", namespace, rollback_stamped(str(meta["name"]), rollback),
+                                    meta.get("annotations") or {}, trust())
+    if who is None:
+        return {"problem": problem}
+    return {"user": who.user, "groups": list(who.groups)}
 
 class Conflict(Exception):
     """A page changed since it was read: the ledger is decided again on the next pass."""
@@ -268,7 +278,8 @@ class RollbackWorker:
         meta = first["metadata"]
         view = LedgerView(meta["name"], meta["uid"], str(spec.get("run") or meta["name"]),
                           int(meta.get("generation") or 1), spec.get("rollback"), rb,
-                          list(status.get("conditions") or []), entries)
+                          list(status.get("conditions") or []), entries,
+                          requester(namespace, meta, spec.get("rollback"), self.trust) if requested else None)
         decisions = self._approvals_needed(namespace, ledger, rb)
         refused = {n: w for (ns, n), w in self.refused.items() if ns == namespace}
         ctx = Context(namespace, now, self.config.image, self.config.parallelism, self.config.lookup_every)

@@ -107,6 +107,7 @@ class LedgerView:
     rollback: dict[str, Any] | None
     conditions: list[dict[str, Any]]
     entries: list[Entry]
+    requester: dict[str, Any] | None = None  # RollbackStatus.requestedBy, the stamp checked
 
 
 @dataclass(frozen=True)
@@ -243,6 +244,7 @@ class _Pass:
     def _freeze(self) -> None:
         req, v = self.request, None
         rb: dict[str, Any] = {"request": clean(req.model_dump(mode="json")),
+                              **({"requestedBy": self.ledger.requester} if self.ledger.requester else {}),
                               "generation": self.ledger.generation, "planned": self.now,
                               "skipped": 0, "steps": []}
         self.rb = rb
@@ -268,7 +270,9 @@ class _Pass:
                       "--entry", reason=Reason.PLAN_TOO_LARGE, finished=self.now)
             self._event("Warning", Reason.PLAN_TOO_LARGE, rb["error"])
             return
+        who = (self.ledger.requester or {}).get("user")
         self._event("Normal", Reason.PLANNED, f"rollback planned: {self._summary()}"
+                    + (f"; requested by {who}" if who else "")
                     + (f"; reason: {req.reason}" if req.reason else ""))
         self._replan_if_found()
         self._advance()
