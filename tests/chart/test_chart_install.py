@@ -97,7 +97,7 @@ def test_the_chart_installs_as_a_deployed_release(installed: dict[str, Any], api
     assert apps.read_namespaced_deployment("unwind-operator", NAMESPACE).spec.replicas == 2
     hooks = client.AdmissionregistrationV1Api(api)
     assert len(hooks.read_validating_webhook_configuration("unwind").webhooks) == 2
-    assert len(hooks.read_mutating_webhook_configuration("unwind").webhooks) == 3
+    assert len(hooks.read_mutating_webhook_configuration("unwind").webhooks) == 4
     rbac = client.RbacAuthorizationV1Api(api)
     assert rbac.read_cluster_role("unwind-operator").rules
     assert rbac.read_namespaced_role("unwind-operator-keys", NAMESPACE).rules
@@ -198,6 +198,7 @@ def test_an_agent_bound_to_the_gateway_role_writes_its_ledgers_status_and_reads_
         assert may(api, "create", "effectledgers", **ledger)
         assert may(api, "update", "effectledgers", subresource="status", name="run-1", **ledger)
         assert not may(api, "update", "effectledgers", name="run-1", **ledger)  # spec: the rollback request
+        assert not may(api, "patch", "effectledgers", name="run-1", **ledger)
         assert not may(api, "delete", "effectledgers", name="run-1", **ledger)
         assert may(api, "create", "leases", group="coordination.k8s.io", namespace="agents", user=agent)
         assert may(api, "get", "configmaps", namespace="agents", name="unwind-bundle-a-7", user=agent)
