@@ -5,6 +5,7 @@ test upstream (tests/upstream/server.py)."""
 from __future__ import annotations
 
 import contextlib
+import copy
 import io
 import json
 import random
@@ -219,27 +220,36 @@ def demo_objects(namespace: str) -> list[dict[str, Any]]:
     return docs
 
 
+def approved_agent_run(api: client.ApiClient, kubeconfigs: list[Path], namespace: str, pod: str, entry: str,
+                       logs: Path) -> str:
+    """Approve ``entry`` (a charge: two finance users) once the agent waits for it, then
+    wait for the agent's pod to end; what the agent said."""
+    core = client.CoreV1Api(api)
+    wait_for(f"{entry} awaiting approval", lambda: any(
+        e["id"] == entry and e["state"] == "awaiting_approval"
+        for e in ((ledger_or_none(api, namespace, pod) or {}).get("status") or {}).get("entries", [])),
+        timeout=90)
+    for kubeconfig in kubeconfigs:
+        approved = plugin(kubeconfig, namespace, "approve", f"ledger/{pod}", "--entry", entry, "--reason", "ok")
+        assert approved.code == 0, approved.err
+    phase = wait_for(f"pod {pod} finished", lambda: (p := core.read_namespaced_pod(pod, namespace).status.phase)
+                     in ("Succeeded", "Failed") and p, timeout=120)
+    said = (logs / namespace / pod / "agent.log").read_text()
+    assert phase == "Succeeded", said + (logs / namespace / pod / "unwind-gateway.log").read_text()
+    return said
+
+
 def test_the_demo_agent_calls_through_its_injected_gateway_and_its_run_is_rolled_back_by_jobs(
         tools: dict[str, Any], upstream: Upstream, control_plane: ControlPlane, k8s_api: client.ApiClient,
         namespace: str, tmp_path: Path) -> None:
-    kubeconfig = control_plane.kubeconfig
-    core = client.CoreV1Api(k8s_api)
-    with Node(k8s_api, namespace=namespace, select=unwind_pod, logs=tmp_path / "pods",
+    kubeconfig, logs = control_plane.kubeconfig, tmp_path / "pods"
+    finance = [control_plane.user_kubeconfig(u) for u in ("carol", "dave")]
+    with Node(k8s_api, namespace=namespace, select=unwind_pod, logs=logs,
               extra_env={"PYTHONPATH": str(ROOT / "operator")}):
-        apply(kubeconfig, namespace, *demo_objects(namespace))
+        demo = demo_objects(namespace)
+        apply(kubeconfig, namespace, *demo)
         # the charge needs two approvals of group finance; the agent repeats it until then
-        wait_for("the charge awaiting approval", lambda: any(
-            e["id"] == "charge-1" and e["state"] == "awaiting_approval"
-            for e in ((ledger_or_none(k8s_api, namespace, "demo-run") or {}).get("status") or {}).get("entries", [])),
-            timeout=90)
-        for user in ("carol", "dave"):
-            approved = plugin(control_plane.user_kubeconfig(user), namespace, "approve", "ledger/demo-run",
-                              "--entry", "charge-1", "--reason", "refundable")
-            assert approved.code == 0, approved.err
-        phase = wait_for("the demo pod finished", lambda: (p := core.read_namespaced_pod("demo-run", namespace).status.phase)
-                         in ("Succeeded", "Failed") and p, timeout=120)
-        said = (tmp_path / "pods" / namespace / "demo-run" / "agent.log").read_text()
-        assert phase == "Succeeded", said + (tmp_path / "pods" / namespace / "demo-run" / "unwind-gateway.log").read_text()
+        said = approved_agent_run(k8s_api, finance, namespace, "demo-run", "charge-1", logs)
         assert "stripe.create_charge: 428 approval_required" in said
         assert "stripe.create_charge: 200 compensable, ledger demo-run entry charge-1; undo: compensate stripe.refund" in said
         assert "github.create_comment: 200 reversible, ledger demo-run entry comment-1; " \
@@ -267,15 +277,29 @@ def test_the_demo_agent_calls_through_its_injected_gateway_and_its_run_is_rolled
                      "--reason", "demo", "--watch", "--timeout", "180s")
         assert ran.code == 0, ran.out + ran.err
         assert "ledger/demo-run: rolled back" in ran.out
-    obj = ledger(k8s_api, namespace, "demo-run")
+        obj = ledger(k8s_api, namespace, "demo-run")
+        after = effects(upstream)
+
+        # the undone charge no longer holds its (global) idempotency key: another run charges
+        # the same order, where before the rollback it would have been a 409 duplicate; the
+        # upstream remembers the key too (as Stripe does) and answers with the first charge
+        asked = reads(upstream).get("charges.create", 0)
+        again = copy.deepcopy(demo[-1])
+        again["metadata"]["name"] = "demo-run-2"
+        calls = json.loads(again["spec"]["containers"][0]["env"][0]["value"])
+        again["spec"]["containers"][0]["env"][0]["value"] = json.dumps([{**calls[0], "key": "charge-2"}])
+        apply(kubeconfig, namespace, again)
+        said = approved_agent_run(k8s_api, finance, namespace, "demo-run-2", "charge-2", logs)
+        assert "stripe.create_charge: 200 compensable, ledger demo-run-2 entry charge-2" in said
     assert conditions(obj)["RolledBack"]["status"] == "True"
     assert {e["state"] for e in obj["status"]["entries"]} == {"undone"}
     assert obj["status"]["rollback"]["requestedBy"]["user"] == "bob"
     assert obj["metadata"]["annotations"]["unwind.dev/rollback-by"] == "bob"
-    after = effects(upstream)
     assert {r: after.get(r, 0) - before.get(r, 0) for r in
             ("releases.delete", "issues.close", "comments.delete", "charges.refund")} == dict.fromkeys(
         ("releases.delete", "issues.close", "comments.delete", "charges.refund"), 1)
+    assert reads(upstream)["charges.create"] == asked + 1  # the gateway let it through
+    assert effects(upstream)["charges.create"] == after["charges.create"]  # the upstream deduplicated it
 
 
 def test_a_failed_read_back_fails_its_step_with_the_first_mismatch_and_the_ledger_is_degraded(
@@ -296,6 +320,19 @@ def test_a_failed_read_back_fails_its_step_with_the_first_mismatch_and_the_ledge
     assert failed["state"] == "failed" and failed["first_mismatch"] == 'state is "closed", expected "completed"'
     assert entries(obj)["w-1"]["state"] == "undo_failed"
     assert entries(obj)["c-1"]["state"] == "undone"  # the newer comment ran first
+
+
+def test_a_run_whose_name_is_longer_than_a_label_value_is_rolled_back(
+        tools: dict[str, Any], upstream: Upstream, kubelet: Node, control_plane: ControlPlane,
+        k8s_api: client.ApiClient, namespace: str) -> None:
+    name = "agent-" + "long" * 50 + ".run-1"  # 212 characters: a valid name, too long for a label
+    run = Run(upstream, tools)
+    run.call("c-1", "github.create_comment", {"repo": "octo/hello", "issue": 7, "client_id": "c1", "body": "hi"})
+    create_ledger(k8s_api, namespace, name, run.entries)
+    ran = plugin(control_plane.kubeconfig, namespace, "rollback", f"ledger/{name}", "--reason", "test",
+                 "--watch", "--timeout", "120s")
+    assert ran.code == 0, ran.out + ran.err
+    assert entries(ledger(k8s_api, namespace, name))["c-1"]["state"] == "undone"
 
 
 def test_an_unrecoverable_entry_is_reported_and_skipped_and_since_undoes_only_what_came_after(

@@ -17,7 +17,14 @@ from unwind.ledger.plan import Versions
 from unwind.ledger.store import Stale
 from unwind.manifest.canonical import checksum
 from unwind.operator.rollback import Context, Decision, JobView, LedgerView, decide
-from unwind.operator.undojob import MAX_STEP_BYTES, job_name, label_value, lookup_job_name
+from unwind.operator.undojob import (
+    MAX_STEP_BYTES,
+    job_body,
+    job_name,
+    label_value,
+    ledger_of_job,
+    lookup_job_name,
+)
 from unwind.undo.sources import load_versions
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -364,6 +371,17 @@ def test_job_names_are_dns_labels_and_entry_labels_are_valid_label_values() -> N
     assert len(lookup_job_name("r" * 63, UID, "e", 1)) <= 63
     assert label_value("e-0007") == "e-0007"
     assert label_value("a:b").startswith("x-") and len(label_value("y" * 100)) <= 63
+
+
+def test_a_ledger_named_longer_than_a_label_value_labels_its_jobs_with_a_hash_and_is_found_by_owner() -> None:
+    long = "run-" + "x" * 249  # 253 characters: a valid EffectLedger name
+    job = job_body(name=job_name(long, UID, 1, "e", "inverse", 2), ledger=long, uid=UID, entry="e", step="1",
+                   text="{}", image="unwind:test", deadline=60, manifests=[])
+    value = job["metadata"]["labels"]["unwind.dev/ledger"]
+    assert len(value) <= 63 and value == label_value(long)
+    assert job["spec"]["template"]["metadata"]["labels"]["unwind.dev/ledger"] == value
+    assert ledger_of_job(job["metadata"]) == long
+    assert ledger_of_job({"labels": {"unwind.dev/ledger": "run-1"}}) == "run-1"
 
 
 def test_a_step_input_too_large_for_a_job_fails_the_step_with_why(versions: Versions) -> None:

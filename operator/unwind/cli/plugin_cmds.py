@@ -25,6 +25,7 @@ from ..bundle import BUNDLE_NAME
 from ..manifest.durations import parse_duration
 from ..operator.identity import APPROVER
 from ..operator.reconcile import Reason
+from ..operator.undojob import label_value
 from . import plugin_view as view
 from .kubectl import Kubectl, KubectlError, add_kube_flags
 from .plugin_view import Target, UsageError
@@ -393,7 +394,7 @@ def cmd_cluster_rollback(args: argparse.Namespace) -> int:
     generation = int(view.meta(patched).get("generation") or 0)
     print(f"rollback of {target} requested (generation {generation}): the operator freezes the "
           f"plan and runs one Job per step; follow it with `kubectl get jobs -l "
-          f"unwind.dev/ledger={target.name}`" + ("" if args.watch else " or --watch"))
+          f"unwind.dev/ledger={label_value(target.name)}`" + ("" if args.watch else " or --watch"))
     if not args.watch:
         return 0
     return _watch_rollback(k, target, generation, timeout)

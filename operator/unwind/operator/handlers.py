@@ -34,6 +34,7 @@ from .kube import APPROVALS, BUNDLE_LABEL, LEDGERS, PLURAL, Kube
 from .leader import Elector, Timing
 from .ledgers import decide_entries, decisions_for, ledger_targets
 from .reconcile import Settings, failure_statuses, plan
+from .undojob import ledger_of_job
 from .webhook import TLSKeeper, WebhookServer
 
 log = logging.getLogger("unwind.operator")
@@ -250,8 +251,10 @@ def build_registry(config: Config, api: client.ApiClient) -> kopf.OperatorRegist
 
     @kopf.on.event("batch", "v1", "jobs", labels={"unwind.dev/ledger": kopf.PRESENT},  # type: ignore[arg-type]
                    registry=registry)
-    async def undo_job_changed(namespace: str, labels: Any, **_: Any) -> None:
-        rollbacks.touch(namespace, str(labels.get("unwind.dev/ledger")))
+    async def undo_job_changed(namespace: str, meta: Any, **_: Any) -> None:
+        ledger = ledger_of_job(dict(meta))
+        if ledger:
+            rollbacks.touch(namespace, ledger)
 
     return registry
 

@@ -39,6 +39,7 @@ from ..manifest.canonical import checksum
 from ..manifest.model import ToolManifest
 from ..manifest.validate import validate_manifest
 from ..registry.signing import TrustStore
+from . import metrics
 from .approval import ApprovalObject
 from .identity import APPROVER, rollback_stamped, stamped_identity
 from .kube import (
@@ -275,6 +276,7 @@ class RollbackWorker:
         uncertain = any(e.state == "uncertain" for e in entries)
         if not busy and not uncertain and not full:
             return False
+        metrics.LEDGERS_CHECKED.labels(namespace).inc()
         meta = first["metadata"]
         view = LedgerView(meta["name"], meta["uid"], str(spec.get("run") or meta["name"]),
                           int(meta.get("generation") or 1), spec.get("rollback"), rb,

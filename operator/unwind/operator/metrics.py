@@ -13,3 +13,6 @@ BUNDLE_LATENCY = Histogram(
     buckets=(0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60),
 )
 STATUS_PATCHES = Counter("unwind_status_patches_total", "ToolManifest status patches.")
+LEDGERS_CHECKED = Counter("unwind_ledgers_checked_total",
+                          "EffectLedgers the rollback loop decided on (rollbacks, lost answers, retention).",
+                          ["namespace"])

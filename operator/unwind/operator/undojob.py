@@ -106,6 +106,15 @@ def step_problem(text: str) -> str | None:
             "an undo Job carries: its arguments or manifests are too large")
 
 
+def ledger_of_job(meta: dict[str, Any]) -> str | None:
+    """The EffectLedger a Job belongs to: its controlling owner (the label may be a hash)."""
+    for ref in meta.get("ownerReferences") or []:
+        if ref.get("kind") == "EffectLedger" and str(ref.get("apiVersion", "")).startswith(f"{API_GROUP}/"):
+            return str(ref.get("name"))
+    value = (meta.get("labels") or {}).get(LEDGER_LABEL)
+    return str(value) if value else None
+
+
 def _volume(secret: str) -> str:
     clean = secret.replace(".", "-")[:40].strip("-")
     return f"s-{clean}-{hashlib.sha256(secret.encode()).hexdigest()[:8]}"
@@ -115,7 +124,9 @@ def job_body(*, name: str, ledger: str, uid: str, entry: str, step: str, text: s
              image: str, deadline: int, manifests: Iterable[ToolManifest | None]) -> dict[str, Any]:
     """The Job running ``unwind undo-step`` with the step input ``text``."""
     secrets = sorted(header_secrets(m for m in manifests if m is not None))
-    labels = {**MANAGED, LEDGER_LABEL: ledger, ENTRY_LABEL: label_value(entry), STEP_LABEL: step}
+    # a ledger's name may be 253 characters, a label value 63: long ones are hashed, and
+    # the ledger is found from the owner reference (ledger_of_job)
+    labels = {**MANAGED, LEDGER_LABEL: label_value(ledger), ENTRY_LABEL: label_value(entry), STEP_LABEL: step}
     env = [{"name": "UNWIND_STEP", "value": text},
            {"name": "UNWIND_SECRETS_DIR", "value": SECRETS_DIR}]
     mounts = [{"name": _volume(s), "mountPath": f"{SECRETS_DIR}/{s}", "readOnly": True} for s in secrets]
