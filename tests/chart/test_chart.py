@@ -557,3 +557,8 @@ def test_the_notes_say_how_to_check_the_operator_and_where_trust_lives(chart: An
     assert "rollout status deployment/unwind-operator" in notes
     assert "configmap unwind-trust" in notes
     assert NAMESPACE in notes
+
+
+def test_the_operator_runs_with_two_malloc_arenas_as_benchmarked(chart: Any) -> None:
+    env = {e["name"]: e.get("value") for e in operator_container(render(chart))["env"]}
+    assert env["MALLOC_ARENA_MAX"] == "2"

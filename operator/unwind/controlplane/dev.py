@@ -183,7 +183,8 @@ class OperatorProcess:
     def start(self, detach: bool = False) -> OperatorProcess:
         self.port = free_ports(1)[0]
         self.webhook_port = self.webhook_port or free_ports(1)[0]
-        env = {**os.environ, "KUBECONFIG": str(self.kubeconfig), "PYTHONUNBUFFERED": "1"}
+        # as the chart's Deployment runs it (MALLOC_ARENA_MAX: see charts/unwind/templates/deployment.yaml)
+        env = {"MALLOC_ARENA_MAX": "2", **os.environ, "KUBECONFIG": str(self.kubeconfig), "PYTHONUNBUFFERED": "1"}
         with self.log.open("ab") as out:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "unwind.cli.main", "operator",
