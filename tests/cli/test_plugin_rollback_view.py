@@ -42,6 +42,16 @@ def test_a_rollback_request_is_a_new_request_each_time_it_is_made() -> None:
                                            "entries": ["e-1"], "requestedAt": "2026-11-30T10:00:00.000Z"}}}
 
 
+def test_watch_says_first_how_many_steps_were_planned_and_who_asked() -> None:
+    rb = {"planned": "2026-11-30T10:00:00.000Z", "skipped": 1, "steps": [{"index": 1}, {"index": 2}],
+          "requestedBy": {"user": "bob", "groups": ["sre"]}}
+    assert view.planned_line(rb) == ("planned at 2026-11-30T10:00:00.000Z: 2 steps, 1 with nothing to undo; "
+                                     "requested by bob")
+    rb["requestedBy"] = {"problem": "no identity was recorded"}
+    assert view.planned_line(rb).endswith("; requester unknown: no identity was recorded")
+    assert view.planned_line({"error": "no version of x", "steps": []}) == "no plan: no version of x"
+
+
 def test_watch_prints_each_step_once_per_state_it_reaches() -> None:
     seen: dict[int, str] = {}
     rb = {"steps": [{"index": 1, "entry": "c-1", "action": "inverse", "undo_tool": "github.delete_comment",

@@ -336,3 +336,13 @@ def test_a_rollback_requester_typed_by_the_client_is_refused() -> None:
     new = ledger({"run": "run-1", "rollback": ROLLBACK}, {"unwind.dev/rollback-by": "carol"})
     with pytest.raises(Refused, match=r"rollback-by\]: is written by the Unwind admission webhook"):
         mutate_effectledger(req("UPDATE", new, ledger({"run": "run-1"})), signer)
+
+
+def test_what_a_ledger_records_cannot_be_changed_by_someone_asking_for_a_rollback() -> None:
+    old = ledger({"run": "run-1", "page": 1})
+    for spec, field in (({"run": "run-2", "page": 1}, "run"), ({"run": "run-1", "page": 2}, "page"),
+                        ({"page": 1}, "run")):
+        with pytest.raises(Refused, match=rf"spec.{field}: is written by the gateway .* set spec.rollback"):
+            mutate_effectledger(req("UPDATE", ledger({**spec, "rollback": ROLLBACK}), old), signer)
+    # a page left out reads as its default
+    assert mutate_effectledger(req("UPDATE", ledger({"run": "run-1", "rollback": ROLLBACK}), old), signer)

@@ -403,10 +403,14 @@ def cmd_cluster_rollback(args: argparse.Namespace) -> int:
 def _watch_rollback(k: Kubectl, target: Target, generation: int, timeout: float) -> int:
     deadline = time.monotonic() + timeout
     seen: dict[int, str] = {}
+    planned = False
     while True:
         obj = _read(k, target)
         rb = view.status(obj).get("rollback")
         if isinstance(rb, Mapping) and int(rb.get("generation") or 0) >= generation:
+            if not planned:
+                print(view.planned_line(rb), flush=True)
+                planned = True
             for line in view.step_lines(seen, rb):
                 print(line, flush=True)
         done = view.rollback_done(obj, generation)

@@ -468,6 +468,19 @@ def rollback_request(reason: str, since: str | None, entries: Sequence[str], at:
                                   "entries": list(entries), "requestedAt": at}}}
 
 
+def planned_line(rollback: Mapping[str, Any]) -> str:
+    """The first line once the operator froze the plan: how many steps, who asked."""
+    steps = [s for s in rollback.get("steps") or [] if isinstance(s, Mapping)]
+    raw = rollback.get("requestedBy")
+    by: Mapping[str, Any] = raw if isinstance(raw, Mapping) else {}
+    who = (f"requested by {by['user']}" if by.get("user")
+           else f"requester unknown: {by['problem']}" if by.get("problem") else "")
+    if rollback.get("error"):
+        return f"no plan: {rollback['error']}" + (f" ({who})" if who else "")
+    return (f"planned at {rollback.get('planned')}: {len(steps)} steps, {rollback.get('skipped') or 0} with "
+            "nothing to undo" + (f"; {who}" if who else ""))
+
+
 def step_lines(seen: dict[int, str], rollback: Mapping[str, Any]) -> list[str]:
     """A line for each step whose state changed since ``seen`` (updated in place), as
     `kubectl rollout status` prints progress."""

@@ -135,11 +135,19 @@ def mutate_effectledger(req: Request, signer: Signer) -> dict[str, str]:
     ``spec.rollback``, else the stored one kept. The stamp covers the ledger's name and its
     ``spec.rollback`` (:func:`rollback_stamped`), so it is neither copied to another
     ledger nor kept for another request. The gateway's writes (creates, status) never come
-    here."""
+    here. What the ledger records (``spec.run``, ``spec.page``) never changes: someone
+    allowed to ask for a rollback may not make a run's ledger look like another's."""
     if req.operation != "UPDATE":
         return {}
     _refuse_forged(req, "EffectLedger")
     new, old = req.new.get("spec"), (req.old or {}).get("spec")
+    for field, default in (("run", None), ("page", 1)):
+        before = old.get(field, default) if isinstance(old, Mapping) else default
+        after = new.get(field, default) if isinstance(new, Mapping) else default
+        if before != after:
+            raise Refused(f"spec.{field}: is written by the gateway when it creates the ledger and never "
+                          f"changes (it is {before!r}); to undo the run, set spec.rollback "
+                          "(`kubectl unwind rollback`)", 422)
     rollback = new.get("rollback") if isinstance(new, Mapping) else None
     if rollback and (not isinstance(old, Mapping) or old.get("rollback") != rollback):
         return stamp_annotations("EffectLedger", req.namespace, rollback_stamped(req.name, rollback),
