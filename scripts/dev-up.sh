@@ -13,4 +13,5 @@ kubectl apply -f manifests/
 kubectl wait --for=condition=Ready toolmanifests --all -A --timeout=120s
 kubectl get toolmanifests -A
 echo
-echo "export KUBECONFIG=$KUBECONFIG    # to use kubectl against it"
+echo "export KUBECONFIG=$KUBECONFIG PATH=$root/.venv/bin:\$PATH    # kubectl and kubectl unwind against it"
+echo "then: kubectl apply -f examples/demo-agent.yaml    # an agent's run to plan and roll back (README: The whole story)"
