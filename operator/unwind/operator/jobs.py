@@ -53,6 +53,7 @@ from .kube import (
     _json,
     _kept,
     _message,
+    pages,
 )
 from .ledgers import decisions_for
 from .objects import Event
@@ -62,7 +63,7 @@ from .rollback import Context, Decision, JobView, LedgerView, decide
 from .undojob import LEDGER_LABEL
 
 log = logging.getLogger("unwind.operator.rollback")
-PAGE = 20  # ledgers are large: list them a few at a time
+LEDGER_PAGE = 20  # ledgers are large: list them a few at a time
 ALL: frozenset[str] = frozenset()  # "every ledger of the namespace"
 
 
@@ -137,15 +138,6 @@ class RollbackWorker:
         self.refused: dict[tuple[str, str], str] = {}  # (namespace, job) -> why (in memory)
 
     # ---- gather ---------------------------------------------------------------------
-    def _pages(self, call: Any, *args: Any, **kwargs: Any) -> Iterator[dict[str, Any]]:
-        token = None
-        while True:
-            page = _json(call(*args, **kwargs, limit=PAGE, _continue=token, _preload_content=False))
-            yield from page["items"]
-            token = (page.get("metadata") or {}).get("continue")
-            if not token:
-                return
-
     def _get(self, namespace: str, name: str) -> dict[str, Any] | None:
         try:
             return dict(_json(self.custom.get_namespaced_custom_object(
@@ -171,8 +163,8 @@ class RollbackWorker:
         """The first page of each named ledger (a continuation page names its run), or of
         every ledger when ``names`` is empty."""
         if not names:
-            for obj in self._pages(self.custom.list_namespaced_custom_object, API_GROUP, API_VERSION,
-                                   namespace, LEDGERS):
+            for obj in pages(self.custom.list_namespaced_custom_object, API_GROUP, API_VERSION,
+                             namespace, LEDGERS, limit=LEDGER_PAGE):
                 if int((obj.get("spec") or {}).get("page") or 1) == 1:
                     yield obj
             return
@@ -184,18 +176,18 @@ class RollbackWorker:
 
     def jobs(self, namespace: str) -> dict[str, JobView]:
         pods: dict[str, list[dict[str, Any]]] = {}
-        for pod in self._pages(self.core.list_namespaced_pod, namespace, label_selector=LEDGER_LABEL):
+        for pod in pages(self.core.list_namespaced_pod, namespace, label_selector=LEDGER_LABEL):
             owner = (pod["metadata"].get("labels") or {}).get("job-name")
             if owner:
                 pods.setdefault(owner, []).append(pod)
         return {j["metadata"]["name"]: job_view(j, pods.get(j["metadata"]["name"], []))
-                for j in self._pages(self.batch.list_namespaced_job, namespace, label_selector=LEDGER_LABEL)}
+                for j in pages(self.batch.list_namespaced_job, namespace, label_selector=LEDGER_LABEL)}
 
     def versions(self, namespace: str) -> Versions:
         """Every version recorded in the namespace by checksum (ControllerRevisions whose
         data matches their checksum), and today's enforced set from the verified bundle."""
         by_checksum: dict[str, ToolManifest] = {}
-        for r in self._pages(self.kube.apps.list_namespaced_controller_revision, namespace,
+        for r in pages(self.kube.apps.list_namespaced_controller_revision, namespace,
                              label_selector=OWNER_LABEL):
             claimed = ((r["metadata"].get("annotations") or {}).get(CHECKSUM_ANNOTATION))
             m, issues = validate_manifest(r.get("data") or {})
@@ -216,7 +208,7 @@ class RollbackWorker:
     def decisions(self, namespace: str, names: list[str]) -> dict[str, list[ApprovalDecision]]:
         approvals = [ApprovalObject(a["metadata"]["name"], a["metadata"].get("creationTimestamp") or "",
                                     a.get("spec"), _kept(a["metadata"], APPROVER.all()))
-                     for a in self._pages(self.custom.list_namespaced_custom_object, API_GROUP,
+                     for a in pages(self.custom.list_namespaced_custom_object, API_GROUP,
                                           API_VERSION, namespace, APPROVALS)]
         out: dict[str, list[ApprovalDecision]] = {}
         for name in names:

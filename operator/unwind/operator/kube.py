@@ -81,6 +81,19 @@ def _kept(meta: dict[str, Any], keys: tuple[str, ...]) -> dict[str, str]:
     return {k: v for k, v in (meta.get("annotations") or {}).items() if k in keys}
 
 
+
+def pages(call: Any, *args: Any, limit: int = PAGE, **kwargs: Any) -> Iterator[dict[str, Any]]:
+    """Every item of a list call, ``limit`` at a time. Raw JSON: the client's model
+    deserialization costs time and memory that a 1000-object namespace notices, and plain
+    dicts are all the plans need."""
+    token = None
+    while True:
+        page = _json(call(*args, **kwargs, limit=limit, _continue=token, _preload_content=False))
+        yield from page["items"]
+        token = (page.get("metadata") or {}).get("continue")
+        if not token:
+            return
+
 class Kube:
     def __init__(self, api: client.ApiClient, workers: int = 8) -> None:
         # Typed as Any: the client's generated types do not fit dict bodies and raw reads.
@@ -105,10 +118,10 @@ class Kube:
             deleting=bool(i["metadata"].get("deletionTimestamp")),
             finalizers=tuple(i["metadata"].get("finalizers") or ()),
             resource_version=i["metadata"].get("resourceVersion") or "")
-            for i in self._pages(self.custom.list_namespaced_custom_object,
+            for i in pages(self.custom.list_namespaced_custom_object,
                                  API_GROUP, API_VERSION, namespace, PLURAL)]
         revisions = []
-        for r in self._pages(self.apps.list_namespaced_controller_revision, namespace,
+        for r in pages(self.apps.list_namespaced_controller_revision, namespace,
                              label_selector=OWNER_LABEL):
             meta = r["metadata"]
             owner = next((o for o in meta.get("ownerReferences") or [] if o.get("kind") == "ToolManifest"), None)
@@ -120,7 +133,7 @@ class Kube:
         bundle, versions, stale = self._bundle(namespace)
         approvals = [ApprovalObject(a["metadata"]["name"], a["metadata"].get("creationTimestamp") or "",
                                     a.get("spec"), _kept(a["metadata"], APPROVER.all()))
-                     for a in self._pages(self.custom.list_namespaced_custom_object,
+                     for a in pages(self.custom.list_namespaced_custom_object,
                                           API_GROUP, API_VERSION, namespace, APPROVALS)]
         ns = self._namespace(namespace)
         phase = str(((ns or {}).get("status") or {}).get("phase") or "Active")
@@ -163,22 +176,10 @@ class Kube:
                     if shard is not None:
                         found[name] = shard
         labelled = [cm["metadata"]["name"] for cm in
-                    self._pages(self.core.list_namespaced_config_map, namespace, label_selector=BUNDLE_LABEL)]
+                    pages(self.core.list_namespaced_config_map, namespace, label_selector=BUNDLE_LABEL)]
         stale = tuple(n for n in labelled if n.startswith(SHARD_PREFIX) and n not in found)
         return ({n: dict(cm.get("data") or {}) for n, cm in found.items()},
                 {n: cm["metadata"]["resourceVersion"] for n, cm in found.items()}, stale)
-
-    @staticmethod
-    def _pages(call: Any, *args: Any, **kwargs: Any) -> Iterator[dict[str, Any]]:
-        token = None
-        while True:
-            # Raw JSON: the client's model deserialization costs time and memory that a
-            # 1000-object namespace notices, and plain dicts are all the plan needs.
-            page = _json(call(*args, **kwargs, limit=PAGE, _continue=token, _preload_content=False))
-            yield from page["items"]
-            token = (page.get("metadata") or {}).get("continue")
-            if not token:
-                return
 
     def pod_context(self, trust: Callable[[], TrustStore]) -> Callable[[str, str], tuple[str | None, set[str]]]:
         """For the injection webhook: a ServiceAccount's scopes annotation, and the Secrets
