@@ -23,7 +23,7 @@ from kubernetes import client
 from unwind.bundle import load_bundle
 from unwind.cli.main import main
 from unwind.controlplane import ControlPlane
-from unwind.controlplane.dev import OperatorProcess
+from unwind.controlplane.dev import OperatorProcess, kubectl
 from unwind.controlplane.node import Node, unwind_pod
 from unwind.operator.rollback_world import (
     Upstream,
@@ -295,6 +295,8 @@ def test_the_demo_agent_calls_through_its_injected_gateway_and_its_run_is_rolled
     assert {e["state"] for e in obj["status"]["entries"]} == {"undone"}
     assert obj["status"]["rollback"]["requestedBy"]["user"] == "bob"
     assert obj["metadata"]["annotations"]["unwind.dev/rollback-by"] == "bob"
+    wide = kubectl(control_plane.kubeconfig, "-n", namespace, "get", "ledger", "demo-run", "-o", "wide").split("\n")
+    assert "REQUESTED BY" in wide[0] and wide[1].split()[-2] == "bob"  # the column before AGE
     assert {r: after.get(r, 0) - before.get(r, 0) for r in
             ("releases.delete", "issues.close", "comments.delete", "charges.refund")} == dict.fromkeys(
         ("releases.delete", "issues.close", "comments.delete", "charges.refund"), 1)

@@ -218,6 +218,7 @@ KINDS: tuple[Kind, ...] = (
          (Column("Run", ".spec.run"), Column("Entries", ".status.entryCount", "integer"),
           Column("Last State", ".status.lastState"), Column("Page", ".spec.page", "integer", 1),
           Column("Rolled Back", '.status.conditions[?(@.type=="RolledBack")].reason', "string", 1),
+          Column("Requested By", ".status.rollback.requestedBy.user", "string", 1),
           Column("Age", ".metadata.creationTimestamp", "date"))),
     Kind("Approval", "approvals", (), ApprovalSpec, ApprovalStatus,
          "A recorded approve or deny decision on a manifest version or a ledger entry.",
