@@ -150,3 +150,11 @@ def test_the_gateway_refuses_to_start_on_a_ledger_folder_it_cannot_write(tmp_pat
                str(blocker / "ledger"))
     assert r.returncode == 1
     assert "is not writable" in r.stderr and "--ledger-dir" in r.stderr
+
+
+def test_the_gateway_refuses_to_start_on_manifests_that_are_not_there(tmp_path: Path) -> None:
+    # a typo used to leave it serving "not ready" forever
+    r = unwind("gateway", "--manifests", str(ROOT / "manifests"), str(tmp_path / "nope"),
+               "--ledger-dir", str(tmp_path / "ledger"))
+    assert r.returncode == 1
+    assert f"--manifests {tmp_path / 'nope'}: no such file or folder" in r.stderr

@@ -138,6 +138,8 @@ def test_malformed_requests_get_their_codes(gateway: GatewayProc, upstream: Upst
         (gateway.call("github.create_comment", {"repo": "o/r", "issue": {"n": 1}, "client_id": "c"},
                       run=run_name), 400, "to be a string, number or bool"),
         (gateway.call("github.nope", {}, run=run_name), 404, "is not served here"),
+        (gateway.call("github.create_coment", {}, run=run_name), 404,
+         "is not served here (did you mean github.create_comment?)"),
         (gateway.call("test.draft_only", {}, run=run_name), 404, "is only a draft"),
         (gateway.call("test.admin_read", {}, run=run_name), 403, "needs permission test:admin"),
         (gateway.call("test.needs_comment", {}, run=run_name), 409,

@@ -111,6 +111,12 @@ def _local_parts(args: argparse.Namespace) -> _Parts:
             store, locks = FileStore(args.ledger_dir), FileLocks(args.ledger_dir)
         except LedgerDirError as exc:
             raise _SetupError(str(exc)) from None
+    # A path that is not there is a typo, not a reload to wait for (invalid manifests are:
+    # the gateway serves not-ready until they are fixed)
+    missing = [p for p in args.manifests if not Path(p).exists()]
+    if missing:
+        raise _SetupError(f"--manifests {' '.join(missing)}: no such file or folder; give the folders "
+                          "or files of your ToolManifests (e.g. --manifests manifests/)")
     actor = args.actor or os.environ.get("UNWIND_ACTOR") or f"local:{getpass.getuser()}"
     return _Parts(LocalCatalogue(args.manifests, observe=args.observe), store, locks, actor, "self-declared")
 

@@ -15,6 +15,7 @@ is free again; a call whose outcome is unknown keeps it (the safe side).
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import logging
 import time
@@ -164,6 +165,10 @@ class Gateway:
                 raise Refusal("not_found", f"no tool {req.tool!r}: the gateway serves no "
                               f"manifests ({self.catalogue.problem})")
             what = "is only a draft: approve it before calling" if served else "is not served here"
+            if served is None:  # a misspelt name: only this refusal pays for the lookup
+                known = [s.manifest.tool for s in self.catalogue.tools() if s.manifest.enforceable]
+                close = difflib.get_close_matches(req.tool, known, n=1)
+                what += f" (did you mean {close[0]}?)" if close else ""
             raise Refusal("not_found", f"tool {req.tool!r} {what}")
         m = c.m = served.manifest
         c.checksum, c.version = served.checksum, served.version
