@@ -34,8 +34,7 @@ from kubernetes import client
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
-from gateway.conftest import ROOT, UpstreamProc, env, free_port, stop
-from gateway.conftest import wait_for as wait_for_url
+from gateway.conftest import ROOT, UpstreamProc, env, running_upstream, stop
 from gateway.test_mcp import structured
 from gateway.test_rest import COMMENT, error, report
 from unwind.bundle import BUNDLE_NAME
@@ -50,17 +49,8 @@ GROUP, VERSION = "unwind.dev", "v1alpha1"
 
 @pytest.fixture(scope="module")
 def upstream(tmp_path_factory: pytest.TempPathFactory) -> Iterator[UpstreamProc]:
-    port = free_port()
-    log = tmp_path_factory.mktemp("upstream") / "upstream.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "tests.upstream.server", "--port", str(port)],
-                                cwd=ROOT, env=env(), stdout=out, stderr=subprocess.STDOUT)
-    up = UpstreamProc(f"http://127.0.0.1:{port}", proc)
-    try:
-        wait_for_url(f"{up.url}/_admin/requests", proc, log)
+    with running_upstream(tmp_path_factory.mktemp("upstream")) as up:
         yield up
-    finally:
-        stop(proc)
 
 
 @pytest.fixture(autouse=True)

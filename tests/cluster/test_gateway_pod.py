@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
@@ -17,8 +16,7 @@ import pytest
 from gateway_fixtures import AGENT, prepare_namespace
 from kubernetes import client
 
-from gateway.conftest import ROOT, SCOPES, UpstreamProc, env, free_port, stop
-from gateway.conftest import wait_for as wait_for_url
+from gateway.conftest import ROOT, SCOPES, UpstreamProc, running_upstream
 from unwind.controlplane import ControlPlane
 from unwind.controlplane.dev import OperatorProcess
 from unwind.controlplane.kubelet import PodRunner
@@ -48,17 +46,8 @@ print("SECRETS", sorted(os.listdir("/etc/unwind/secrets")) if os.path.isdir("/et
 
 @pytest.fixture(scope="module")
 def upstream(tmp_path_factory: pytest.TempPathFactory) -> Iterator[UpstreamProc]:
-    port = free_port()
-    log = tmp_path_factory.mktemp("upstream") / "upstream.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "tests.upstream.server", "--port", str(port)],
-                                cwd=ROOT, env=env(), stdout=out, stderr=subprocess.STDOUT)
-    up = UpstreamProc(f"http://127.0.0.1:{port}", proc)
-    try:
-        wait_for_url(f"{up.url}/_admin/requests", proc, log)
+    with running_upstream(tmp_path_factory.mktemp("upstream")) as up:
         yield up
-    finally:
-        stop(proc)
 
 
 def test_an_injected_pod_calls_through_its_gateway_into_the_ledger_and_its_agent_holds_no_credentials(

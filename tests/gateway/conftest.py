@@ -7,6 +7,7 @@ do not show (a draft, a deprecated tool, requires, approval timeouts, redaction,
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -79,10 +80,11 @@ class UpstreamProc:
         self.admin("behave", {"route": route, "mode": mode, **kw})
 
 
-@pytest.fixture(scope="session")
-def upstream(tmp_path_factory: pytest.TempPathFactory) -> Iterator[UpstreamProc]:
+@contextlib.contextmanager
+def running_upstream(folder: Path) -> Iterator[UpstreamProc]:
+    """The test upstream as a process on a free port, its output in ``folder/upstream.log``."""
     port = free_port()
-    log = tmp_path_factory.mktemp("upstream") / "upstream.log"
+    log = folder / "upstream.log"
     with log.open("wb") as out:
         proc = subprocess.Popen([sys.executable, "-m", "tests.upstream.server", "--port", str(port)],
                                 cwd=ROOT, env=env(), stdout=out, stderr=subprocess.STDOUT)
@@ -92,6 +94,12 @@ def upstream(tmp_path_factory: pytest.TempPathFactory) -> Iterator[UpstreamProc]
         yield up
     finally:
         stop(proc)
+
+
+@pytest.fixture(scope="session")
+def upstream(tmp_path_factory: pytest.TempPathFactory) -> Iterator[UpstreamProc]:
+    with running_upstream(tmp_path_factory.mktemp("upstream")) as up:
+        yield up
 
 
 @pytest.fixture(autouse=True)

@@ -89,16 +89,21 @@ async def execute(ledger: LocalLedger, plan: Plan, versions: Versions, selection
     upstream = Upstream()
     extra: dict[str, Any] = {"sleep": sleep} if sleep is not None else {}
     _freeze(ledger, plan, selection, by, clock, None)
+    def stops(step: Step, result: dict[str, Any]) -> bool:
+        """Report and keep a step's result; True when the rollback stops at it."""
+        report(step, result)
+        summary.results.append(result)
+        if not result["ok"]:
+            summary.stopped = result
+        return not result["ok"]
+
     try:
         found = False
         for step in [s for s in plan.steps if s.action == "lookup"]:
             result = await _lookup(ledger, step, versions, upstream, secrets, extra, clock)
             if result is None:
                 continue
-            report(step, result)
-            summary.results.append(result)
-            if not result["ok"]:
-                summary.stopped = result
+            if stops(step, result):
                 return summary
             found = found or result["outcome"] == "found"
         steps = list(plan.steps)
@@ -107,12 +112,7 @@ async def execute(ledger: LocalLedger, plan: Plan, versions: Versions, selection
         summary.left = [s for s in steps if s.action in ("not_undoable", "unrecoverable")]
         for step in [s for s in steps if s.action in UNDOING]:
             result = await _undo(ledger, step, versions, by, upstream, secrets, extra, clock)
-            if result is None:
-                continue
-            report(step, result)
-            summary.results.append(result)
-            if not result["ok"]:
-                summary.stopped = result
+            if result is not None and stops(step, result):
                 return summary
         return summary
     finally:
