@@ -127,6 +127,7 @@ def reconcile_namespace(kube: Kube, namespace: str, keeper: KeyKeeper, settings:
     with metrics.RECONCILE_SECONDS.time():
         snap = kube.snapshot(namespace)
         if snap.gone:
+            keeper.record(namespace, None)  # its bundle went with it: it keeps no key in trust
             return False
         now = now_rfc3339()
         settings = replace(settings, trust=keeper.keys.all_public())

@@ -16,7 +16,7 @@ current and every retired key (a rotation must not forget who applied what).
 from __future__ import annotations
 
 import base64
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -123,12 +123,16 @@ def converge_trust(core: client.CoreV1Api, namespace: str, wanted: dict[str, str
     return True
 
 
-def wanted_trust(keys: Keys, signing: Iterable[str], settled: bool, published: Iterable[str]) -> dict[str, str]:
-    """The keys gateways should trust: the current one, retired ones that still sign some
-    namespace's bundle, and — until every namespace has been re-signed once since start
-    (``settled``) — retired ones already published (a bundle nobody re-checked may use them)."""
-    needed = {keys.kid, *signing}
-    if not settled:
+def wanted_trust(keys: Keys, signing: Mapping[str, str], live: Iterable[str],
+                 published: Iterable[str]) -> dict[str, str]:
+    """The keys gateways should trust: the current one, retired ones that still sign the
+    bundle of a namespace that is still there (``signing``: namespace -> key id, ``live``:
+    the namespaces being reconciled), and — until every live namespace has been re-signed
+    once since start — retired ones already published (a bundle nobody re-checked may use
+    them). A namespace that is gone holds no key, whatever it was last signed with."""
+    live = set(live)
+    needed = {keys.kid, *(kid for namespace, kid in signing.items() if namespace in live)}
+    if not live <= set(signing):
         needed |= set(published)
     known = {key_id(k): k for k in (keys.current.public_key(), *keys.retired)}
     return trust_data(known[k] for k in sorted(needed) if k in known)
@@ -171,7 +175,6 @@ class KeyKeeper:
             if exc.status != 404:
                 raise
             published = set()
-        settled = set(namespaces) <= set(self.signing)
-        wanted = wanted_trust(self.keys, self.signing.values(), settled,
+        wanted = wanted_trust(self.keys, self.signing, namespaces,
                               (name.removesuffix(".pem") for name in published))
         return converge_trust(self.core, self.namespace, wanted)
