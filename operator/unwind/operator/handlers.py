@@ -127,7 +127,7 @@ def reconcile_namespace(kube: Kube, namespace: str, keeper: KeyKeeper, settings:
     with metrics.RECONCILE_SECONDS.time():
         snap = kube.snapshot(namespace)
         if snap.gone:
-            keeper.record(namespace, None)  # its bundle went with it: it keeps no key in trust
+            keeper.forget(namespace)  # its bundle went with it: it keeps no key in trust
             return False
         now = now_rfc3339()
         settings = replace(settings, trust=keeper.keys.all_public())
@@ -273,9 +273,9 @@ async def _keep_keys(keeper: KeyKeeper, admission: Admission, namespaces: Namesp
                     namespaces.touch(namespace)
             if leading.is_set():
                 live = [n for n, t in namespaces.tasks.items() if not t.done()]
-                if await asyncio.to_thread(keeper.converge_trust, live):
-                    log.info("ConfigMap unwind-trust rewritten: it now holds keys %s",
-                             ", ".join(sorted({keeper.keys.kid, *keeper.signing.values()})))
+                written = await asyncio.to_thread(keeper.converge_trust, live)
+                if written:
+                    log.info("ConfigMap unwind-trust rewritten: it now holds keys %s", ", ".join(written))
         except Exception as exc:  # retried: the previous keys keep working meanwhile
             log.warning("signing keys: %s", exc)
         await asyncio.sleep(every)

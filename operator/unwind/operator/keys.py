@@ -123,15 +123,16 @@ def converge_trust(core: client.CoreV1Api, namespace: str, wanted: dict[str, str
     return True
 
 
-def wanted_trust(keys: Keys, signing: Mapping[str, str], live: Iterable[str],
+def wanted_trust(keys: Keys, signing: Mapping[str, str | None], live: Iterable[str],
                  published: Iterable[str]) -> dict[str, str]:
     """The keys gateways should trust: the current one, retired ones that still sign the
-    bundle of a namespace that is still there (``signing``: namespace -> key id, ``live``:
-    the namespaces being reconciled), and — until every live namespace has been re-signed
-    once since start — retired ones already published (a bundle nobody re-checked may use
+    bundle of a namespace that is still there (``signing``: namespace -> key id of its bundle,
+    None for no bundle, for every namespace reconciled since the keys last changed; ``live``:
+    the namespaces being reconciled), and — until every live namespace has been reconciled
+    once since then — retired ones already published (a bundle nobody re-checked may use
     them). A namespace that is gone holds no key, whatever it was last signed with."""
     live = set(live)
-    needed = {keys.kid, *(kid for namespace, kid in signing.items() if namespace in live)}
+    needed = {keys.kid, *(kid for namespace, kid in signing.items() if kid and namespace in live)}
     if not live <= set(signing):
         needed |= set(published)
     known = {key_id(k): k for k in (keys.current.public_key(), *keys.retired)}
@@ -146,16 +147,19 @@ class KeyKeeper:
     def __init__(self, core: client.CoreV1Api, namespace: str) -> None:
         self.core, self.namespace = core, namespace
         self.keys = ensure_signing_key(core, namespace)
-        self.signing: dict[str, str] = {}  # namespace -> key id its bundle is signed with now
+        # namespace -> key id its bundle is signed with now (None: it has no bundle), for every
+        # namespace reconciled since the keys last changed
+        self.signing: dict[str, str | None] = {}
 
     def sign(self, message: bytes) -> Signature:
         return sign(self.keys.current, message)
 
     def record(self, namespace: str, kid: str | None) -> None:
-        if kid is None:
-            self.signing.pop(namespace, None)
-        else:
-            self.signing[namespace] = kid
+        self.signing[namespace] = kid
+
+    def forget(self, namespace: str) -> None:
+        """The namespace is gone, and its bundle with it."""
+        self.signing.pop(namespace, None)
 
     def reload(self) -> bool:
         """Read the Secret again; True when the keys changed (every bundle must be re-signed)."""
@@ -167,8 +171,9 @@ class KeyKeeper:
             self.signing = {}  # nothing is known to be signed with the new key yet
         return changed
 
-    def converge_trust(self, namespaces: Iterable[str]) -> bool:
-        """Write unwind-trust when it differs from what it should be; True when it wrote."""
+    def converge_trust(self, namespaces: Iterable[str]) -> list[str] | None:
+        """Write unwind-trust when it differs from what it should be; the key ids it now
+        holds when it wrote, else None."""
         try:
             published = set(self.core.read_namespaced_config_map(TRUST_NAME, self.namespace).data or {})
         except ApiException as exc:
@@ -177,4 +182,6 @@ class KeyKeeper:
             published = set()
         wanted = wanted_trust(self.keys, self.signing, namespaces,
                               (name.removesuffix(".pem") for name in published))
-        return converge_trust(self.core, self.namespace, wanted)
+        if not converge_trust(self.core, self.namespace, wanted):
+            return None
+        return sorted(name.removesuffix(".pem") for name in wanted)
