@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from unwind.operator.jobs import job_view, relevant
+from unwind.operator.jobs import job_view, job_views, relevant
 
 
 def job(*conditions: tuple[str, str, str]) -> dict[str, Any]:
@@ -36,6 +36,21 @@ def test_a_failed_job_reads_its_latest_pods_message_and_why_it_failed() -> None:
 def test_a_job_without_a_finished_condition_is_running_and_a_pod_without_message_gives_none() -> None:
     view = job_view(job(("Failed", "False", "")), [pod("Failed", "2026-01-01T00:00:01Z", None)])
     assert (view.phase, view.message) == ("running", None)
+
+
+def test_a_pod_counts_for_a_job_only_when_the_job_is_its_controlling_owner() -> None:
+    # a user who may create pods labels one like the Job's and writes {"ok": true} on exit
+    made = pod("Failed", "2026-01-01T00:00:01Z", '{"ok":false}')
+    made["metadata"].update(labels={"job-name": "run-undo-1-ab"},
+                            ownerReferences=[{"kind": "Job", "name": "run-undo-1-ab", "uid": "u-1", "controller": True}])
+    forged = pod("Succeeded", "2026-01-01T00:00:09Z", '{"ok":true}')
+    forged["metadata"].update(labels={"job-name": "run-undo-1-ab"})
+    other = pod("Succeeded", "2026-01-01T00:00:09Z", '{"ok":true}')
+    other["metadata"].update(ownerReferences=[{"kind": "Job", "name": "run-undo-1-ab", "uid": "u-2", "controller": True}])
+    the_job = job(("Failed", "True", "BackoffLimitExceeded"))
+    the_job["metadata"]["uid"] = "u-1"
+    views = job_views([the_job], [made, forged, other])
+    assert views["run-undo-1-ab"].message == '{"ok":false}'
 
 
 def test_only_ledgers_with_a_rollback_or_a_lost_answer_wake_the_loop() -> None:

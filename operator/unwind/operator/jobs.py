@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -103,6 +103,18 @@ def _entries_of(page: dict[str, Any]) -> list[dict[str, Any]]:
     return list((page.get("status") or {}).get("entries") or [])
 
 
+def job_views(jobs: Iterable[dict[str, Any]], pods: Iterable[dict[str, Any]]) -> dict[str, JobView]:
+    """Each Job by name with the pods its controller made: a pod counts for a Job only when
+    the Job is its controlling owner (by UID). Labels are anyone's to set: a pod someone
+    labelled ``job-name`` with a hand-written termination message is not the step's result."""
+    by_owner: dict[str, list[dict[str, Any]]] = {}
+    for pod in pods:
+        for ref in pod["metadata"].get("ownerReferences") or []:
+            if ref.get("controller") and ref.get("kind") == "Job" and ref.get("uid"):
+                by_owner.setdefault(str(ref["uid"]), []).append(pod)
+    return {j["metadata"]["name"]: job_view(j, by_owner.get(str(j["metadata"].get("uid")), [])) for j in jobs}
+
+
 def job_view(job: dict[str, Any], pods: list[dict[str, Any]]) -> JobView:
     """How a Job ended, and the message of its succeeded pod (else of its latest pod)."""
     name = job["metadata"]["name"]
@@ -175,13 +187,8 @@ class RollbackWorker:
                 yield found
 
     def jobs(self, namespace: str) -> dict[str, JobView]:
-        pods: dict[str, list[dict[str, Any]]] = {}
-        for pod in pages(self.core.list_namespaced_pod, namespace, label_selector=LEDGER_LABEL):
-            owner = (pod["metadata"].get("labels") or {}).get("job-name")
-            if owner:
-                pods.setdefault(owner, []).append(pod)
-        return {j["metadata"]["name"]: job_view(j, pods.get(j["metadata"]["name"], []))
-                for j in pages(self.batch.list_namespaced_job, namespace, label_selector=LEDGER_LABEL)}
+        return job_views(pages(self.batch.list_namespaced_job, namespace, label_selector=LEDGER_LABEL),
+                         pages(self.core.list_namespaced_pod, namespace, label_selector=LEDGER_LABEL))
 
     def versions(self, namespace: str) -> Versions:
         """Every version recorded in the namespace by checksum (ControllerRevisions whose
