@@ -3,6 +3,7 @@ pods on the local control plane (volumes, tokens, env, mounts only where mounted
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 from pathlib import Path
@@ -89,3 +90,24 @@ def test_the_kubelet_stand_in_gives_each_container_only_the_volumes_it_mounts(
     status = wait_for("reported", lambda: (p := core.read_namespaced_pod("runner", namespace)).status.phase
                       == "Succeeded" and p)
     assert len(status.status.container_statuses) == 2
+
+
+def test_a_labelled_pod_whose_spec_would_let_the_agent_around_its_gateway_is_refused_with_what_to_change(
+        operator: OperatorProcess, k8s_api: client.ApiClient, namespace: str) -> None:
+    core = client.CoreV1Api(k8s_api)
+    core.create_namespaced_service_account(namespace, {"metadata": {"name": "agent"}})
+    wait_for("the default token controller", lambda: core.read_namespaced_service_account("agent", namespace).secrets)
+    shared = labelled_pod("shared", ["sleep", "1"])
+    shared["spec"]["shareProcessNamespace"] = True
+    shared["spec"]["containers"][0]["volumeMounts"] = [{"name": "unwind-token", "mountPath": "/steal"}]
+    try:
+        core.create_namespaced_pod(namespace, shared)
+    except client.ApiException as exc:
+        assert exc.status == 400
+        message = json.loads(exc.body)["message"]
+    else:
+        raise AssertionError("a pod sharing its process namespace with the gateway was created")
+    assert "spec.shareProcessNamespace: true lets the agent's containers read the gateway's token" in message
+    assert "spec.containers[0].volumeMounts[0]: volume 'unwind-token' is the gateway's alone" in message
+    assert "remove its label unwind.dev/inject=true" in message
+    assert not core.list_namespaced_pod(namespace).items

@@ -6,7 +6,14 @@ import copy
 from typing import Any
 
 from unwind.manifest.validate import validate_manifest
-from unwind.operator.inject import CONTAINER, SA_TOKEN_PATH, Sidecar, header_secrets, inject
+from unwind.operator.inject import (
+    CONTAINER,
+    SA_TOKEN_PATH,
+    Sidecar,
+    header_secrets,
+    inject,
+    isolation_problems,
+)
 
 SIDECAR = Sidecar("registry.example/unwind:0.1.0", "unwind-system")
 
@@ -90,3 +97,36 @@ def test_the_secrets_are_those_the_manifests_name_for_upstream_headers() -> None
     model, issues = validate_manifest(spec)
     assert model is not None and not issues
     assert header_secrets([model]) == {"stripe"}
+
+
+def test_a_plain_agent_pod_asks_for_nothing_the_gateway_keeps() -> None:
+    assert isolation_problems(pod()) == []
+    assert isolation_problems(apply(pod(), inject(pod(), "shop", "shop:read", {"stripe-key"}, SIDECAR))) == []
+
+
+def test_a_shared_process_namespace_or_host_pids_would_let_the_agent_read_the_gateways_token() -> None:
+    problems = isolation_problems(pod(shareProcessNamespace=True, hostPID=True))
+    assert [p.split(":")[0] for p in problems] == ["spec.shareProcessNamespace", "spec.hostPID"]
+    assert "/proc" in problems[0]
+
+
+def test_an_agent_container_mounting_the_gateways_volumes_is_named_with_its_field() -> None:
+    spec = pod()["spec"]
+    spec["containers"][0]["volumeMounts"].append({"name": "unwind-token", "mountPath": "/steal"})
+    spec["initContainers"] = [{"name": "init", "image": "x", "volumeMounts": [
+        {"name": "unwind-s-stripe-key-0123abcd", "mountPath": "/s"}]}]
+    problems = isolation_problems({"metadata": {}, "spec": spec})
+    assert problems == [
+        "spec.initContainers[0].volumeMounts[0]: volume 'unwind-s-stripe-key-0123abcd' is the gateway's alone; "
+        "mount it in no container of yours",
+        "spec.containers[0].volumeMounts[1]: volume 'unwind-token' is the gateway's alone; mount it in no "
+        "container of yours"]
+
+
+def test_a_projected_token_for_the_api_server_is_refused_and_one_for_another_audience_is_not() -> None:
+    api = {"name": "tok", "projected": {"sources": [{"serviceAccountToken": {"path": "t"}}]}}
+    cloud = {"name": "aws", "projected": {"sources": [{"serviceAccountToken": {"path": "t",
+                                                                               "audience": "sts.amazonaws.com"}}]}}
+    problems = isolation_problems(pod(volumes=[api, cloud]))
+    assert len(problems) == 1
+    assert problems[0].startswith("spec.volumes[0].projected.sources[0].serviceAccountToken: ")

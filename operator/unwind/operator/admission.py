@@ -76,7 +76,7 @@ def _annotations(obj: Mapping[str, Any] | None) -> Mapping[str, Any]:
     return ann if isinstance(ann, Mapping) else {}
 
 
-def _listed(lines: list[str], heading: str) -> str:
+def listed(lines: list[str], heading: str) -> str:
     shown = lines[:MAX_LISTED]
     more = [f"- ... and {len(lines) - MAX_LISTED} more"] if len(lines) > MAX_LISTED else []
     return "\n".join([heading, *(f"- {line}" for line in shown), *more])
@@ -111,7 +111,7 @@ def validate_toolmanifest(req: Request) -> None:
         tool = spec.get("tool") if isinstance(spec, Mapping) else None
         lines = [f"spec.{i.path}: {i.message}" if i.path else f"spec: {i.message}" for i in issues]
         noun = "error" if len(lines) == 1 else "errors"
-        raise Refused(_listed(lines, f"ToolManifest {req.name}{f' ({tool})' if tool else ''} is invalid, "
+        raise Refused(listed(lines, f"ToolManifest {req.name}{f' ({tool})' if tool else ''} is invalid, "
                                      f"{len(lines)} {noun}; fix the spec and apply it again:"))
 
 
@@ -164,7 +164,7 @@ def parse_approval_spec(spec: Any) -> ApprovalSpec:
     except ValidationError as exc:
         issues = issues_from_validation_error(exc, spec, None, ApprovalSpec)
         lines = [f"spec.{i.path}: {i.message}" if i.path else f"spec: {i.message}" for i in issues]
-        raise Refused(_listed(lines, "the Approval is invalid; fix it and create it again:")) from None
+        raise Refused(listed(lines, "the Approval is invalid; fix it and create it again:")) from None
 
 
 @dataclass(frozen=True)

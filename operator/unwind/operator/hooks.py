@@ -26,10 +26,10 @@ from kubernetes.client.exceptions import ApiException
 from .. import API_GROUP, API_VERSION
 from ..registry.signing import TrustStore
 from . import admission
-from .admission import Refused, Request
+from .admission import Refused, Request, listed
 from .certs import Lifetimes
 from .identity import Identity, Signer
-from .inject import Sidecar, inject
+from .inject import WHAT_TO_DO, Sidecar, inject, isolation_problems
 from .kube import PLURAL, Kube
 
 LEDGERS = "effectledgers"
@@ -148,9 +148,14 @@ class Admission:
 
     async def inject_gateway(self, req: Request, raw: Mapping[str, Any]) -> list[dict[str, Any]]:
         """Fails open: a pod is never refused for want of a gateway (failure policy Ignore
-        covers an unreachable webhook; this covers trouble inside it)."""
+        covers an unreachable webhook; this covers trouble inside it). It is refused when its
+        own spec would hand the agent what the gateway keeps from it."""
         if req.operation != "CREATE" or self.sidecar is None or self.pod_context is None:
             return []
+        problems = isolation_problems(req.new)
+        if problems:
+            raise Refused(listed(problems, "this pod asks for an Unwind gateway but its spec would let the "
+                                           f"agent around it; {WHAT_TO_DO}:"), 400)
         spec = req.new.get("spec") if isinstance(req.new.get("spec"), Mapping) else {}
         account = str((spec or {}).get("serviceAccountName") or "default")
         try:

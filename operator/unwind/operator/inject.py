@@ -13,7 +13,10 @@ The gateway container gets everything the pod's agent must not have:
   else the pod's name) and its actor (the ServiceAccount).
 
 Injection is idempotent (a pod that already has the container is left alone) and fails
-open (failure policy Ignore): with the operator down, pods start without a gateway.
+open (failure policy Ignore): with the operator down, pods start without a gateway. A pod
+whose own spec would hand the agent what the gateway keeps from it (``isolation_problems``:
+a shared process namespace, the gateway's volumes, an API token of its own) is refused
+with what to change.
 """
 
 from __future__ import annotations
@@ -122,6 +125,51 @@ def inject(pod: Mapping[str, Any], namespace: str, scopes: str | None, secrets: 
 
 
 SA_TOKEN_PATH = "/var/run/secrets/kubernetes.io/serviceaccount"
+GATEWAY_VOLUMES = ("unwind-token", "unwind-tmp")
+WHAT_TO_DO = "change the pod, or remove its label unwind.dev/inject=true to run it without Unwind"
+
+
+def _is_gateway_volume(name: Any) -> bool:
+    return isinstance(name, str) and (name in GATEWAY_VOLUMES or name.startswith("unwind-s-"))
+
+
+def isolation_problems(pod: Mapping[str, Any]) -> list[str]:
+    """What in a pod's own spec would let its agent reach what the gateway keeps from it
+    (the ServiceAccount token that writes the ledger, the upstream Secrets), one line per
+    field, each saying why. Empty when the pod is fine (or already has the gateway)."""
+    spec = pod.get("spec") if isinstance(pod.get("spec"), Mapping) else None
+    if not isinstance(spec, Mapping):
+        return []
+    if any(isinstance(c, Mapping) and c.get("name") == CONTAINER for c in spec.get("containers") or []):
+        return []
+    out = []
+    for field in ("shareProcessNamespace", "hostPID"):
+        if spec.get(field) is True:
+            out.append(f"spec.{field}: true lets the agent's containers read the gateway's token and "
+                       "Secrets through /proc; leave it unset for an agent pod")
+    for kind in ("initContainers", "containers", "ephemeralContainers"):
+        for c, container in enumerate(spec.get(kind) or []):
+            if not isinstance(container, Mapping):
+                continue
+            for m, mount in enumerate(container.get("volumeMounts") or []):
+                if isinstance(mount, Mapping) and _is_gateway_volume(mount.get("name")):
+                    out.append(f"spec.{kind}[{c}].volumeMounts[{m}]: volume {mount.get('name')!r} is the "
+                               "gateway's alone; mount it in no container of yours")
+    for v, volume in enumerate(spec.get("volumes") or []):
+        if not isinstance(volume, Mapping):
+            continue
+        if _is_gateway_volume(volume.get("name")):
+            out.append(f"spec.volumes[{v}]: the name {volume.get('name')!r} is kept for the gateway's "
+                       "volumes; rename it")
+        sources = (volume.get("projected") or {}).get("sources") if isinstance(volume.get("projected"), Mapping) \
+            else None
+        for i, source in enumerate(sources or []):
+            token = source.get("serviceAccountToken") if isinstance(source, Mapping) else None
+            if isinstance(token, Mapping) and not token.get("audience"):
+                out.append(f"spec.volumes[{v}].projected.sources[{i}].serviceAccountToken: a token for the "
+                           "API server in an agent's pod lets the agent write its own ledger as its gateway "
+                           "does; give it the audience of the service it is for, or remove it")
+    return out
 
 
 def _remove_token_mounts(spec: Mapping[str, Any]) -> list[dict[str, Any]]:
