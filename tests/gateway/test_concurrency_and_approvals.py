@@ -158,3 +158,27 @@ def test_the_gateway_refuses_to_start_on_manifests_that_are_not_there(tmp_path: 
                "--ledger-dir", str(tmp_path / "ledger"))
     assert r.returncode == 1
     assert f"--manifests {tmp_path / 'nope'}: no such file or folder" in r.stderr
+
+
+def test_a_gateway_acting_as_another_actor_may_not_write_into_a_run_it_does_not_own(
+        gateway: GatewayProc, manifests: Path, upstream: UpstreamProc, run_name: str, tmp_path: Path) -> None:
+    # an agent hiding its calls in another agent's run: that run's rollback would undo them,
+    # its own would miss them
+    before = upstream.count("comments.create")
+    assert gateway.call("github.create_comment", {**COMMENT, "client_id": "mine"}, run=run_name,
+                        key="mine-1").status_code == 200
+    other = start_gateway(manifests, gateway.ledger, tmp_path, "--actor", "intruder")
+    try:
+        hidden = other.call("github.create_comment", {**COMMENT, "client_id": "hidden"}, run=run_name, key="hid-1")
+        assert hidden.status_code == 403
+        error = hidden.json()["error"]
+        assert error["code"] == "permission_denied"
+        assert f"run {run_name} is recorded as agent's" in error["message"]
+        assert "send another X-Unwind-Run" in error["message"]
+        assert other.call("no.such_tool", {}, run=run_name, key="hid-2").status_code == 403
+        assert other.call("github.create_comment", {**COMMENT, "client_id": "own"}, run=f"{run_name}-own",
+                          key="own-1").status_code == 200
+    finally:
+        stop(other.proc)
+    assert [e["id"] for e in gateway.entries(run_name)] == ["mine-1"]  # nothing written there, refusals neither
+    assert upstream.count("comments.create") == before + 2  # mine and own; the hidden one never left

@@ -120,6 +120,7 @@ class Gateway:
         self.upstream, self.secrets, self.settings = upstream, secrets, settings
         self.metrics = metrics or Metrics()
         self.clock = clock
+        self._own_runs: set[str] = set()  # runs whose ledger holds no other actor's entries
 
     # ---- the entry point ----
 
@@ -150,6 +151,12 @@ class Gateway:
         served = self.catalogue.get(req.tool)
         if served is not None:
             c.m, c.checksum, c.version = served.manifest, served.checksum, served.version
+        try:
+            await self._run_is_ours(c)
+        except Refusal as problem:  # not ours, or the ledger cannot say: record nothing
+            c.record = False
+            if problem.code == "permission_denied":
+                refusal = problem
         result = await self._refused(c, refusal)
         tool = c.m.tool if c.m else UNKNOWN_TOOL
         self.metrics.calls.labels(tool, str(c.m.effect) if c.m else "", refusal.code).inc()
@@ -157,8 +164,25 @@ class Gateway:
                  result.entry, req.tool[:128], result.status, refusal.code, refusal.message)
         return result
 
+    async def _run_is_ours(self, c: _Call) -> None:
+        """A gateway writes only runs whose ledger holds no other actor's entries: an agent
+        must not hide its calls in another agent's run (whose rollback would then undo them
+        while its own missed them), nor write refusals there. Checked once per run."""
+        run = c.req.run
+        if run in self._own_runs:
+            return
+        entries = await self.ledger(self.store.entries(run))
+        others = sorted({e.actor for e in entries if e.actor and e.actor != self.settings.actor})
+        if others:
+            c.record = False
+            raise Refusal("permission_denied", f"run {run} is recorded as {', '.join(others)}'s and this "
+                          f"gateway acts as {self.settings.actor}: a gateway writes only its own runs; "
+                          "send another X-Unwind-Run")
+        self._own_runs.add(run)
+
     async def _call(self, c: _Call) -> CallResult:
         req = c.req
+        await self._run_is_ours(c)
         served = self.catalogue.get(req.tool)
         if served is None or not served.manifest.enforceable:
             if served is None and not self.catalogue.ready:
