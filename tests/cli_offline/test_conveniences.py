@@ -9,6 +9,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import jsonschema
 import pytest
 import yaml
 
@@ -71,7 +72,6 @@ def test_init_of_a_simple_tool_passes_every_check_too(project: Path, unwind: Run
 
 
 def test_the_resource_schema_accepts_the_examples_and_refuses_a_typo(unwind: Run) -> None:
-    jsonschema = pytest.importorskip("jsonschema")
     code, out, _ = unwind("schema", "--resource")
     schema = json.loads(out)
     validator = jsonschema.Draft202012Validator(schema)
