@@ -245,3 +245,12 @@ def test_a_rollback_not_confirmed_runs_nothing_and_confirming_approves_its_steps
     undo = entries(gateway, run_name)["a-1"]["undo"]
     assert undo["by"] == "carol"
     assert undo["approved_by"] == {"user": "carol", "identities": "self-declared"}
+
+
+def test_a_ledger_file_that_is_not_there_is_named_with_where_ledger_files_come_from(
+        manifests: Path, tmp_path: Path) -> None:
+    for command in (["plan"], ["rollback", "--yes"]):
+        ran = unwind(*command, "--ledger", tmp_path / "demo.json", "-m", manifests)
+        assert ran.code == 1
+        assert f"{tmp_path / 'demo.json'}: no such ledger file" in ran.err
+        assert "--ledger-dir" in ran.err and "kubectl get effectledger NAME -o json" in ran.err

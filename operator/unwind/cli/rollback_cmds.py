@@ -18,7 +18,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from .output import emit, fail
+from .output import emit, fail, plural
 
 DEFAULT_TERMINATION_LOG = "/dev/termination-log"
 
@@ -178,7 +178,7 @@ def cmd_rollback(args: argparse.Namespace) -> int:
               "did not run: fix the cause and run the rollback again", file=sys.stderr)
         return 1
     left = ", ".join(f"{s.entry} ({s.action})" for s in summary.left)
-    print(f"rolled back: {len(summary.results)} steps ran" + (f"; left behind: {left}" if left else ""))
+    print(f"rolled back: {plural(len(summary.results), 'step')} ran" + (f"; left behind: {left}" if left else ""))
     return 0
 
 

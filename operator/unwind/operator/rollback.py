@@ -549,7 +549,7 @@ class _Pass:
     def _rolled_back_message(self) -> str:
         ran = sum(1 for s in self.steps if s["state"] == "succeeded")
         left = [f"{s['entry']} ({s['action']})" for s in self.steps if s["state"] == "left"]
-        return f"{ran} steps ran" + (f"; left behind: {', '.join(left[:10])}" if left else "")
+        return f"{ran} step{'' if ran == 1 else 's'} ran" + (f"; left behind: {', '.join(left[:10])}" if left else "")
 
     # ---- conditions ---------------------------------------------------------------
     def _conditions(self) -> None:

@@ -130,7 +130,9 @@ def _json_file(path: Path) -> Any:
     try:
         return json.loads(path.read_bytes())
     except FileNotFoundError:
-        raise SourceError(f"{path}: no such ledger file") from None
+        raise SourceError(f"{path}: no such ledger file; the local gateway writes one per run as "
+                          "<its --ledger-dir>/<run>.json, and `kubectl get effectledger NAME -o json > FILE` "
+                          "saves one from a cluster") from None
     except OSError as exc:
         raise SourceError(f"{path}: cannot be read: {exc.strerror or exc}") from None
     except ValueError as exc:
