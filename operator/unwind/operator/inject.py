@@ -33,6 +33,7 @@ INJECTED_ANNOTATION = "unwind.dev/injected"
 TOKEN_DIR = "/var/run/secrets/unwind"
 SECRETS_DIR = "/etc/unwind/secrets"
 PORT = 8787
+TOKEN_VOLUME, TMP_VOLUME, SECRET_VOLUME_PREFIX = "unwind-token", "unwind-tmp", "unwind-s-"
 
 
 @dataclass(frozen=True)
@@ -56,7 +57,11 @@ def _volume_name(secret: str) -> str:
     import hashlib
 
     clean = secret.replace(".", "-")[:40].strip("-")
-    return f"unwind-s-{clean}-{hashlib.sha256(secret.encode()).hexdigest()[:8]}"
+    return f"{SECRET_VOLUME_PREFIX}{clean}-{hashlib.sha256(secret.encode()).hexdigest()[:8]}"
+
+
+def _has_gateway(spec: Mapping[str, Any]) -> bool:
+    return any(isinstance(c, Mapping) and c.get("name") == CONTAINER for c in spec.get("containers") or [])
 
 
 def inject(pod: Mapping[str, Any], namespace: str, scopes: str | None, secrets: Iterable[str],
@@ -64,8 +69,7 @@ def inject(pod: Mapping[str, Any], namespace: str, scopes: str | None, secrets: 
     """JSON patch operations adding the gateway to ``pod`` (empty when already there)."""
     spec = pod.get("spec") if isinstance(pod.get("spec"), Mapping) else {}
     assert isinstance(spec, Mapping)
-    containers = spec.get("containers") or []
-    if any(isinstance(c, Mapping) and c.get("name") == CONTAINER for c in containers):
+    if _has_gateway(spec):
         return []
     meta = pod.get("metadata") if isinstance(pod.get("metadata"), Mapping) else {}
     assert isinstance(meta, Mapping)
@@ -84,8 +88,8 @@ def inject(pod: Mapping[str, Any], namespace: str, scopes: str | None, secrets: 
         {"name": "UNWIND_CA_FILE", "value": f"{TOKEN_DIR}/ca.crt"},
         {"name": "UNWIND_SECRETS_DIR", "value": SECRETS_DIR},
     ]
-    mounts = [{"name": "unwind-token", "mountPath": TOKEN_DIR, "readOnly": True},
-              {"name": "unwind-tmp", "mountPath": "/tmp"},
+    mounts = [{"name": TOKEN_VOLUME, "mountPath": TOKEN_DIR, "readOnly": True},
+              {"name": TMP_VOLUME, "mountPath": "/tmp"},
               *({"name": _volume_name(n), "mountPath": f"{SECRETS_DIR}/{n}", "readOnly": True} for n in names)]
     probe = {"exec": {"command": ["unwind", "probe", f"http://127.0.0.1:{PORT}/readyz"]},
              "periodSeconds": 5, "timeoutSeconds": 3, "failureThreshold": 3}
@@ -102,10 +106,10 @@ def inject(pod: Mapping[str, Any], namespace: str, scopes: str | None, secrets: 
                             "allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
     }
     volumes = [
-        {"name": "unwind-token", "projected": {"sources": [
+        {"name": TOKEN_VOLUME, "projected": {"sources": [
             {"serviceAccountToken": {"path": "token", "expirationSeconds": 3600}},
             {"configMap": {"name": "kube-root-ca.crt", "items": [{"key": "ca.crt", "path": "ca.crt"}]}}]}},
-        {"name": "unwind-tmp", "emptyDir": {"sizeLimit": "16Mi"}},
+        {"name": TMP_VOLUME, "emptyDir": {"sizeLimit": "16Mi"}},
         *({"name": _volume_name(n), "secret": {"secretName": n}} for n in names),
     ]
     ops = _remove_token_mounts(spec)
@@ -125,12 +129,11 @@ def inject(pod: Mapping[str, Any], namespace: str, scopes: str | None, secrets: 
 
 
 SA_TOKEN_PATH = "/var/run/secrets/kubernetes.io/serviceaccount"
-GATEWAY_VOLUMES = ("unwind-token", "unwind-tmp")
 WHAT_TO_DO = "change the pod, or remove its label unwind.dev/inject=true to run it without Unwind"
 
 
 def _is_gateway_volume(name: Any) -> bool:
-    return isinstance(name, str) and (name in GATEWAY_VOLUMES or name.startswith("unwind-s-"))
+    return isinstance(name, str) and (name in (TOKEN_VOLUME, TMP_VOLUME) or name.startswith(SECRET_VOLUME_PREFIX))
 
 
 def isolation_problems(pod: Mapping[str, Any]) -> list[str]:
@@ -138,9 +141,7 @@ def isolation_problems(pod: Mapping[str, Any]) -> list[str]:
     (the ServiceAccount token that writes the ledger, the upstream Secrets), one line per
     field, each saying why. Empty when the pod is fine (or already has the gateway)."""
     spec = pod.get("spec") if isinstance(pod.get("spec"), Mapping) else None
-    if not isinstance(spec, Mapping):
-        return []
-    if any(isinstance(c, Mapping) and c.get("name") == CONTAINER for c in spec.get("containers") or []):
+    if not isinstance(spec, Mapping) or _has_gateway(spec):
         return []
     out = []
     for field in ("shareProcessNamespace", "hostPID"):

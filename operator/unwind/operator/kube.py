@@ -81,7 +81,6 @@ def _kept(meta: dict[str, Any], keys: tuple[str, ...]) -> dict[str, str]:
     return {k: v for k, v in (meta.get("annotations") or {}).items() if k in keys}
 
 
-
 def pages(call: Any, *args: Any, limit: int = PAGE, **kwargs: Any) -> Iterator[dict[str, Any]]:
     """Every item of a list call, ``limit`` at a time. Raw JSON: the client's model
     deserialization costs time and memory that a 1000-object namespace notices, and plain
@@ -93,6 +92,7 @@ def pages(call: Any, *args: Any, limit: int = PAGE, **kwargs: Any) -> Iterator[d
         token = (page.get("metadata") or {}).get("continue")
         if not token:
             return
+
 
 class Kube:
     def __init__(self, api: client.ApiClient, workers: int = 8) -> None:
@@ -118,11 +118,9 @@ class Kube:
             deleting=bool(i["metadata"].get("deletionTimestamp")),
             finalizers=tuple(i["metadata"].get("finalizers") or ()),
             resource_version=i["metadata"].get("resourceVersion") or "")
-            for i in pages(self.custom.list_namespaced_custom_object,
-                                 API_GROUP, API_VERSION, namespace, PLURAL)]
+            for i in pages(self.custom.list_namespaced_custom_object, API_GROUP, API_VERSION, namespace, PLURAL)]
         revisions = []
-        for r in pages(self.apps.list_namespaced_controller_revision, namespace,
-                             label_selector=OWNER_LABEL):
+        for r in pages(self.apps.list_namespaced_controller_revision, namespace, label_selector=OWNER_LABEL):
             meta = r["metadata"]
             owner = next((o for o in meta.get("ownerReferences") or [] if o.get("kind") == "ToolManifest"), None)
             if owner is not None:
@@ -134,7 +132,7 @@ class Kube:
         approvals = [ApprovalObject(a["metadata"]["name"], a["metadata"].get("creationTimestamp") or "",
                                     a.get("spec"), _kept(a["metadata"], APPROVER.all()))
                      for a in pages(self.custom.list_namespaced_custom_object,
-                                          API_GROUP, API_VERSION, namespace, APPROVALS)]
+                                    API_GROUP, API_VERSION, namespace, APPROVALS)]
         ns = self._namespace(namespace)
         phase = str(((ns or {}).get("status") or {}).get("phase") or "Active")
         mode = ((ns or {}).get("metadata", {}).get("annotations") or {}).get(MODE_ANNOTATION, "enforce")

@@ -89,6 +89,7 @@ async def execute(ledger: LocalLedger, plan: Plan, versions: Versions, selection
     upstream = Upstream()
     extra: dict[str, Any] = {"sleep": sleep} if sleep is not None else {}
     _freeze(ledger, plan, selection, by, clock, None)
+
     def stops(step: Step, result: dict[str, Any]) -> bool:
         """Report and keep a step's result; True when the rollback stops at it."""
         report(step, result)
