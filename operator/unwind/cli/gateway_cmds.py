@@ -118,7 +118,17 @@ def _local_parts(args: argparse.Namespace) -> _Parts:
         raise _SetupError(f"--manifests {' '.join(missing)}: no such file or folder; give the folders "
                           "or files of your ToolManifests (e.g. --manifests manifests/)")
     actor = args.actor or os.environ.get("UNWIND_ACTOR") or f"local:{getpass.getuser()}"
-    return _Parts(LocalCatalogue(args.manifests, observe=args.observe), store, locks, actor, "self-declared")
+    rewrite = [_rewrite(r) for r in args.rewrite_upstream or []]
+    return _Parts(LocalCatalogue(args.manifests, observe=args.observe, rewrite=rewrite), store, locks, actor,
+                  "self-declared")
+
+
+def _rewrite(text: str) -> tuple[str, str]:
+    old, sep, new = text.partition("=")
+    if not sep or not old.startswith(("http://", "https://")) or not new.startswith(("http://", "https://")):
+        raise _SetupError(f"--rewrite-upstream {text!r}: give FROM=TO, two URL prefixes, e.g. "
+                          "http://10.0.0.88:8788=http://127.0.0.1:8788")
+    return old, new
 
 
 def _cluster_parts(args: argparse.Namespace, metrics: Any) -> _Parts:
@@ -230,6 +240,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    "(created if missing; must be writable)")
     p.add_argument("--listen", default=DEFAULT_LISTEN, metavar="HOST:PORT",
                    help=f"where to listen (default {DEFAULT_LISTEN})")
+    p.add_argument("--rewrite-upstream", action="append", metavar="FROM=TO",
+                   help="local mode: call TO instead of an upstream URL that starts with FROM (repeatable), "
+                   "e.g. http://10.0.0.88:8788=http://127.0.0.1:8788 runs the cluster's examples against "
+                   "the test upstream on this machine")
     p.add_argument("--observe", action="store_true", help="local mode: record permission, requires, "
                    "schema-drift and approval violations in the entry instead of refusing (a rollout; in "
                    "a pod the namespace's unwind.dev/mode annotation decides)")

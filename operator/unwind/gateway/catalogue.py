@@ -15,7 +15,7 @@ import logging
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from ..manifest.canonical import checksum
 from ..manifest.loader import check_paths
@@ -59,13 +59,35 @@ class Catalogue(Protocol):
     async def aclose(self) -> None: ...
 
 
+def rewrite_upstream(manifest: Any, rewrite: Sequence[tuple[str, str]]) -> Any:
+    """``manifest`` calling TO where its upstream URL (or MCP server URL) starts with FROM,
+    for the first matching (FROM, TO): local mode runs a cluster's manifests against a
+    server on this machine (``--rewrite-upstream``)."""
+    upstream = manifest.upstream
+    if upstream is None:
+        return manifest
+
+    def moved(url: str | None) -> str | None:
+        for old, new in rewrite:
+            if url is not None and url.startswith(old):
+                return new + url[len(old):]
+        return url
+
+    update: dict[str, Any] = {"url": moved(upstream.url)}
+    if upstream.mcp is not None:
+        update["mcp"] = upstream.mcp.model_copy(update={"url": moved(upstream.mcp.url)})
+    return manifest.model_copy(update={"upstream": upstream.model_copy(update=update)})
+
+
 class LocalCatalogue:
     """Plain manifest files, validated as a set, unsigned. A set with any error is not
     served at all (a partial set could drop the undo tool another manifest names)."""
 
-    def __init__(self, paths: Sequence[str | os.PathLike[str]], observe: bool = False) -> None:
+    def __init__(self, paths: Sequence[str | os.PathLike[str]], observe: bool = False,
+                 rewrite: Sequence[tuple[str, str]] = ()) -> None:
         self.paths = [str(p) for p in paths]
         self._observe = observe
+        self._rewrite = tuple(rewrite)
         self._by_tool: dict[str, Served] = {}
         self._problem: str | None = None
         self._generation = "none"
@@ -86,7 +108,8 @@ class LocalCatalogue:
             self._problem = f"no manifests found in {where}"
             log.error("catalogue refused: %s", self._problem)
             return
-        self._by_tool = {m.tool: Served(m, checksum(m), m.version) for m in result.manifests}
+        manifests = [rewrite_upstream(m, self._rewrite) for m in result.manifests]
+        self._by_tool = {m.tool: Served(m, checksum(m), m.version) for m in manifests}
         digest = hashlib.sha256("".join(sorted(s.checksum for s in self._by_tool.values()))
                                 .encode()).hexdigest()[:12]
         self._generation = f"local-{digest}"
