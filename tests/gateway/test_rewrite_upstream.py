@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 
 from unwind.cli.gateway_cmds import _rewrite, _SetupError
-from unwind.gateway.catalogue import LocalCatalogue, rewrite_upstream
+from unwind.gateway.catalogue import LocalCatalogue
 from unwind.manifest.model import ToolManifest
+from unwind.manifest.rewrite import rewrite_upstream
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -38,6 +38,8 @@ def cmd_gateway(args: argparse.Namespace) -> int:
     from ..gateway.app import build_app
     from ..gateway.enforce import Gateway, Settings
     from ..gateway.metrics import Metrics
+    from ..gateway.quit import ENV as QUIT_ENV
+    from ..gateway.quit import enabled as quit_enabled
     from ..gateway.secrets import LocalSecrets
     from ..gateway.upstream import Upstream
     from ..ledger.store import run_problem
@@ -71,10 +73,30 @@ def cmd_gateway(args: argparse.Namespace) -> int:
     secrets_dir = args.secrets_dir or os.environ.get("UNWIND_SECRETS_DIR") or None
     gateway = Gateway(parts.catalogue, parts.store, parts.locks, Upstream(),
                       LocalSecrets(secrets_dir), settings, metrics)
-    app = build_app(gateway, default_run=run, host=host, closers=parts.closers)
+    servers: list[uvicorn.Server] = []
+
+    def exit_server() -> None:  # POST /quitquitquit drained the calls: exit 0
+        servers[0].should_exit = True
+
+    stop = exit_server if quit_enabled(parts.identities == "kubernetes", os.environ) else None
+    if stop is None and os.environ.get(QUIT_ENV) == "1":
+        logging.getLogger("unwind.gateway").warning(
+            "%s is ignored in local mode: only a gateway in a pod has POST /quitquitquit", QUIT_ENV)
+    app = build_app(gateway, default_run=run, host=host, closers=parts.closers, stop=stop)
     config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,
                             lifespan="on", timeout_graceful_shutdown=5)
-    uvicorn.Server(config).run()
+    servers.append(uvicorn.Server(config))
+    servers[0].run()
+    return 0
+
+
+def cmd_gateway_quit(args: argparse.Namespace) -> int:
+    """Ask the pod's gateway to stop (a plain-container gateway; see gateway/quit.py). Exits
+    0 whatever the answer: an agent's last step must not fail its pod."""
+    from ..gateway.quit import request_quit
+
+    print(request_quit(args.gateway or os.environ.get("UNWIND_GATEWAY") or f"http://{DEFAULT_LISTEN}"),
+          file=sys.stderr)
     return 0
 
 
@@ -124,11 +146,12 @@ def _local_parts(args: argparse.Namespace) -> _Parts:
 
 
 def _rewrite(text: str) -> tuple[str, str]:
-    old, sep, new = text.partition("=")
-    if not sep or not old.startswith(("http://", "https://")) or not new.startswith(("http://", "https://")):
-        raise _SetupError(f"--rewrite-upstream {text!r}: give FROM=TO, two URL prefixes, e.g. "
-                          "http://10.0.0.88:8788=http://127.0.0.1:8788")
-    return old, new
+    from ..manifest.rewrite import parse_rewrite
+
+    try:
+        return parse_rewrite(text)
+    except ValueError as exc:
+        raise _SetupError(str(exc)) from exc
 
 
 def _cluster_parts(args: argparse.Namespace, metrics: Any) -> _Parts:
@@ -276,3 +299,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     p.add_argument("--benchmark-memory-store", action="store_true", help=argparse.SUPPRESS)
     p.set_defaults(func=cmd_gateway)
+
+    p = sub.add_parser("gateway-quit", help="stop the pod's gateway once its calls in flight are "
+                       "done (an agent's last step where the gateway is a plain container)",
+                       description="POST /quitquitquit to the gateway, so a pod whose agent ended "
+                       "completes; a gateway without the endpoint (a native sidecar) is no error. "
+                       "Always exits 0. See docs/gateway.md.")
+    p.add_argument("--gateway", metavar="URL", help="the gateway (default UNWIND_GATEWAY, else "
+                   f"http://{DEFAULT_LISTEN})")
+    p.set_defaults(func=cmd_gateway_quit)

@@ -127,6 +127,7 @@ def cmd_rollback(args: argparse.Namespace) -> int:
     from ..gateway.secrets import LocalSecrets
     from ..ledger.plan import PlanError
     from ..ledger.store import StoreUnavailable
+    from ..manifest.rewrite import parse_rewrite
     from ..undo.local import execute, open_ledger, plan_local
     from ..undo.sources import SourceError, load_versions
 
@@ -141,7 +142,8 @@ def cmd_rollback(args: argparse.Namespace) -> int:
         return fail(args, "usage", "--reason and --watch are for a cluster ledger (ledger/NAME)", 2)
     try:
         ledger = open_ledger(args.ledger)
-        versions = load_versions(args.manifests, args.versions or (), current=args.current)
+        rewrite = [parse_rewrite(r) for r in args.rewrite_upstream or []]
+        versions = load_versions(args.manifests, args.versions or (), current=args.current, rewrite=rewrite)
         selection = _selection(args)
         moment = _when(args) if args.now else None
         plan = plan_local(ledger, versions, selection, moment)
@@ -365,6 +367,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     _plan_flags(p)
     p.add_argument("--yes", action="store_true", help="run without asking (the plan is "
                    "printed first all the same)")
+    p.add_argument("--rewrite-upstream", action="append", metavar="FROM=TO", help="call TO instead of "
+                   "an upstream URL that starts with FROM, as the local gateway's flag of that name")
     p.add_argument("--by", metavar="NAME", help="who runs (and so approves) the rollback, "
                    "recorded in each entry (default UNWIND_ACTOR, else local:<user>)")
     p.add_argument("--secrets-dir", metavar="DIR", help="secrets as DIR/<name>/<key> files "

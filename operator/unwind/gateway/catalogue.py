@@ -15,11 +15,12 @@ import logging
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 from ..manifest.canonical import checksum
 from ..manifest.loader import check_paths
 from ..manifest.model import ToolManifest
+from ..manifest.rewrite import rewrite_upstream
 
 log = logging.getLogger("unwind.gateway")
 
@@ -59,26 +60,6 @@ class Catalogue(Protocol):
     async def aclose(self) -> None: ...
 
 
-def rewrite_upstream(manifest: Any, rewrite: Sequence[tuple[str, str]]) -> Any:
-    """``manifest`` calling TO where its upstream URL (or MCP server URL) starts with FROM,
-    for the first matching (FROM, TO): local mode runs a cluster's manifests against a
-    server on this machine (``--rewrite-upstream``)."""
-    upstream = manifest.upstream
-    if upstream is None:
-        return manifest
-
-    def moved(url: str | None) -> str | None:
-        for old, new in rewrite:
-            if url is not None and url.startswith(old):
-                return new + url[len(old):]
-        return url
-
-    update: dict[str, Any] = {"url": moved(upstream.url)}
-    if upstream.mcp is not None:
-        update["mcp"] = upstream.mcp.model_copy(update={"url": moved(upstream.mcp.url)})
-    return manifest.model_copy(update={"upstream": upstream.model_copy(update=update)})
-
-
 class LocalCatalogue:
     """Plain manifest files, validated as a set, unsigned. A set with any error is not
     served at all (a partial set could drop the undo tool another manifest names)."""
@@ -108,8 +89,9 @@ class LocalCatalogue:
             self._problem = f"no manifests found in {where}"
             log.error("catalogue refused: %s", self._problem)
             return
-        manifests = [rewrite_upstream(m, self._rewrite) for m in result.manifests]
-        self._by_tool = {m.tool: Served(m, checksum(m), m.version) for m in manifests}
+        # the version is the file's: only where its calls go moves (--rewrite-upstream)
+        self._by_tool = {m.tool: Served(rewrite_upstream(m, self._rewrite), checksum(m), m.version)
+                         for m in result.manifests}
         digest = hashlib.sha256("".join(sorted(s.checksum for s in self._by_tool.values()))
                                 .encode()).hexdigest()[:12]
         self._generation = f"local-{digest}"

@@ -142,9 +142,13 @@ def _json_file(path: Path) -> Any:
 # ---- manifests ----
 
 def load_versions(manifests: Sequence[str], versions: Sequence[str] = (), *,
-                  current: bool = False) -> Versions:
+                  current: bool = False, rewrite: Sequence[tuple[str, str]] = ()) -> Versions:
     """Today's set from ``manifests`` (validated as one set, as the local gateway loads
-    it), plus older versions from ``versions`` (each validated alone), all by checksum."""
+    it), plus older versions from ``versions`` (each validated alone), all by checksum.
+    ``rewrite``: upstream URL prefixes moved as the local gateway's ``--rewrite-upstream``
+    moves them (the checksum stays the file's)."""
+    from ..manifest.rewrite import rewrite_upstream
+
     result = check_paths(manifests, one_set=True)
     where = ", ".join(manifests)
     if not result.ok:
@@ -164,7 +168,7 @@ def load_versions(manifests: Sequence[str], versions: Sequence[str] = (), *,
             if m is None or issues:
                 shown = issues[0] if issues else "not a manifest"
                 raise SourceError(f"--versions {item.file or path}: {shown}")
-            by_checksum[checksum(m)] = m
-    tools = {m.tool: m for m in result.manifests}
-    by_checksum.update({checksum(m): m for m in result.manifests})
+            by_checksum[checksum(m)] = rewrite_upstream(m, rewrite)
+    tools = {m.tool: rewrite_upstream(m, rewrite) for m in result.manifests}
+    by_checksum.update({checksum(m): tools[m.tool] for m in result.manifests})
     return Versions(by_checksum, tools, current)
