@@ -57,7 +57,7 @@ HOISTED = (*PLUGIN_COMMANDS, "plan", "rollback")
 _MODULE_COMMANDS = {"keygen": ("registry_cmds",), "manifests": ("registry_cmds", "edit_cmds"),
                     "operator": ("cluster_cmds",), "dev": ("cluster_cmds",),
                     "rotate-signing-key": ("cluster_cmds",), "probe": ("cluster_cmds",),
-                    "gateway": ("gateway_cmds",),
+                    "gateway": ("gateway_cmds",), "gateway-quit": ("gateway_cmds",),
                     **{c: ("rollback_cmds",) for c in ("plan", "rollback", "undo-step", "ledger")},
                     **{c: ("plugin_cmds",) for c in PLUGIN_COMMANDS}}
 

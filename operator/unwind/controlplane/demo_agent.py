@@ -11,6 +11,11 @@ the same key every 2 s until it is decided or ``$UNWIND_DEMO_APPROVAL_WAIT`` sec
 It exits 1 at the first call that is not a 2xx in the end (the gateway's error printed), 2
 when the calls cannot be read, 3 when the gateway does not become ready within a minute.
 
+Whichever way it ends, its last act is ``POST /quitquitquit`` to the gateway
+(``unwind.gateway.quit.request_quit``): where the gateway is a plain container (API servers
+before 1.29) that ends it, so the pod completes; a native sidecar has no such endpoint and
+is stopped by the kubelet, and the 404 (or no answer at all) is ignored.
+
 This is what ``examples/demo-agent.yaml`` runs on ``unwind dev up``; a real agent is any
 program that calls the gateway the same way (or through MCP).
 """
@@ -24,6 +29,8 @@ import time
 import urllib.error
 import urllib.request
 from typing import Any
+
+from ..gateway.quit import request_quit
 
 GATEWAY = "http://127.0.0.1:8787"
 
@@ -82,6 +89,13 @@ def describe(tool: str, status: int, report: dict[str, Any], body: dict[str, Any
 
 def main() -> int:
     base = os.environ.get("UNWIND_GATEWAY", GATEWAY).rstrip("/")
+    try:
+        return run_calls(base)
+    finally:  # succeeded or not: the pod is done once the agent is
+        print(request_quit(base), file=sys.stderr, flush=True)
+
+
+def run_calls(base: str) -> int:
     try:
         calls = read_calls(os.environ.get("UNWIND_DEMO_CALLS", "[]"))
     except ValueError as exc:

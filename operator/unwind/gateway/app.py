@@ -1,4 +1,5 @@
-"""The ASGI app: the REST routes, ``/mcp``, and the lifespan that starts and stops them."""
+"""The ASGI app: the REST routes, ``/mcp``, and the lifespan that starts and stops them;
+with ``stop``, ``POST /quitquitquit`` too (quit.py: a plain-container gateway in a pod)."""
 
 from __future__ import annotations
 
@@ -10,18 +11,22 @@ from typing import Any
 from mcp.server.streamable_http_manager import StreamableHTTPASGIApp, StreamableHTTPSessionManager
 from mcp.server.transport_security import TransportSecuritySettings
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.routing import Mount
 
 from . import rest
 from .enforce import Gateway
 from .mcp_server import build_server
+from .quit import Quit
 
 log = logging.getLogger("unwind.gateway")
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
 def build_app(gateway: Gateway, *, default_run: str | None = None, host: str = "127.0.0.1",
-              closers: Sequence[Callable[[], Awaitable[None]]] = ()) -> Starlette:
+              closers: Sequence[Callable[[], Awaitable[None]]] = (),
+              stop: Callable[[], None] | None = None) -> Starlette:
+    """The gateway's app; ``stop`` (the server's exit) adds ``POST /quitquitquit``."""
     server = build_server(gateway, default_run)
     security = None
     if host in LOOPBACK:  # a page in a browser must not reach a loopback gateway (DNS rebinding)
@@ -52,7 +57,7 @@ def build_app(gateway: Gateway, *, default_run: str | None = None, host: str = "
 
     return Starlette(routes=[*rest.routes(gateway, default_run),
                              Mount("/mcp", app=StreamableHTTPASGIApp(sessions))],
-                     lifespan=lifespan)
+                     lifespan=lifespan, middleware=[Middleware(Quit, stop=stop)] if stop else None)
 
 
 async def learn_schemas(gateway: Gateway) -> None:
