@@ -5,6 +5,8 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+import pytest
+
 from unwind.manifest.validate import validate_manifest
 from unwind.operator.inject import (
     CONTAINER,
@@ -13,6 +15,8 @@ from unwind.operator.inject import (
     header_secrets,
     inject,
     isolation_problems,
+    native_sidecars,
+    server_version,
 )
 
 SIDECAR = Sidecar("registry.example/unwind:0.1.0", "unwind-system")
@@ -130,3 +134,231 @@ def test_a_projected_token_for_the_api_server_is_refused_and_one_for_another_aud
     problems = isolation_problems(pod(volumes=[api, cloud]))
     assert len(problems) == 1
     assert problems[0].startswith("spec.volumes[0].projected.sources[0].serviceAccountToken: ")
+
+
+# ---- the token Kubernetes mounts, as the API server sends the pod to the webhook ----
+
+PLUGIN_SOURCES = [
+    {"serviceAccountToken": {"expirationSeconds": 3607, "path": "token"}},
+    {"configMap": {"name": "kube-root-ca.crt", "items": [{"key": "ca.crt", "path": "ca.crt"}]}},
+    {"downwardAPI": {"items": [{"path": "namespace",
+                                "fieldRef": {"apiVersion": "v1", "fieldPath": "metadata.namespace"}}]}}]
+
+
+def defaulted_pod(token_volume: dict[str, Any]) -> dict[str, Any]:
+    """A Job's agent pod after defaulting and the ServiceAccount admission plugin: the token
+    volume mounted read-only in the init container and the container, beside a volume of
+    the pod's own."""
+    token = {"name": token_volume["name"], "readOnly": True, "mountPath": SA_TOKEN_PATH}
+    work = {"name": "work", "mountPath": "/work"}
+    def container(name: str, mounts: list[dict[str, Any]]) -> dict[str, Any]:
+        return {"name": name, "image": f"registry.example/{name}:1", "imagePullPolicy": "IfNotPresent",
+                "resources": {}, "terminationMessagePath": "/dev/termination-log",
+                "terminationMessagePolicy": "File", "volumeMounts": mounts}
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"generateName": "nightly-42-", "namespace": "shop",
+                         "labels": {"unwind.dev/inject": "true", "job-name": "nightly-42"}},
+            "spec": {"serviceAccountName": "agent", "serviceAccount": "agent", "restartPolicy": "Never",
+                     "dnsPolicy": "ClusterFirst", "schedulerName": "default-scheduler", "securityContext": {},
+                     "terminationGracePeriodSeconds": 30, "enableServiceLinks": True, "priority": 0,
+                     "initContainers": [container("fetch", [dict(work), dict(token)])],
+                     "containers": [container("agent", [dict(work), dict(token)])],
+                     "volumes": [{"name": "work", "emptyDir": {}}, token_volume],
+                     "tolerations": [{"key": "node.kubernetes.io/not-ready", "operator": "Exists",
+                                      "effect": "NoExecute", "tolerationSeconds": 300}]}}
+
+
+SECRET_TOKEN = {"name": "agent-token-x2v9q", "secret": {"secretName": "agent-token-x2v9q", "defaultMode": 420}}
+PROJECTED_TOKEN = {"name": "kube-api-access-7hq2z",
+                   "projected": {"sources": copy.deepcopy(PLUGIN_SOURCES), "defaultMode": 420}}
+
+
+@pytest.mark.parametrize("token_volume", [SECRET_TOKEN, PROJECTED_TOKEN], ids=["1.20-secret", "1.22-projected"])
+@pytest.mark.parametrize("native", [False, True], ids=["container", "native"])
+def test_the_token_kubernetes_mounted_is_taken_back_from_every_agent_container(
+        token_volume: dict[str, Any], native: bool) -> None:
+    p = defaulted_pod(copy.deepcopy(token_volume))
+    assert isolation_problems(p) == []
+    out = apply(p, inject(p, "shop", "shop:read", set(), Sidecar("unwind:1", "unwind-system", native=native)))
+    for c in [*out["spec"]["initContainers"], *out["spec"]["containers"]]:
+        if c["name"] != CONTAINER:
+            assert c["volumeMounts"] == [{"name": "work", "mountPath": "/work"}], c["name"]
+    names = [v["name"] for v in out["spec"]["volumes"]]
+    assert token_volume["name"] not in names and "work" in names
+    assert out["spec"]["automountServiceAccountToken"] is False
+    assert isolation_problems(out) == []  # injected: left alone
+
+
+def test_a_projected_api_token_is_the_pods_own_unless_the_plugin_made_it() -> None:
+    def problems(volume: dict[str, Any], mount_path: str = SA_TOKEN_PATH) -> list[str]:
+        p = defaulted_pod(volume)
+        p["spec"]["containers"][0]["volumeMounts"][1]["mountPath"] = mount_path
+        return isolation_problems(p)
+
+    plugin = copy.deepcopy(PROJECTED_TOKEN)
+    assert problems(plugin) == []
+    # the same name and sources mounted somewhere else in one container: declared by the pod
+    assert [x.split(":")[0] for x in problems(copy.deepcopy(plugin), "/tokens")] == [
+        "spec.volumes[1].projected.sources[0].serviceAccountToken"]
+    # the plugin's sources under another name
+    own = {**copy.deepcopy(plugin), "name": "api-token"}
+    assert len(problems(own)) == 1
+    # the plugin's name with a source the plugin never adds
+    extra = copy.deepcopy(plugin)
+    extra["projected"]["sources"].append({"secret": {"name": "db"}})
+    assert len(problems(extra)) == 1
+    # a token for another audience beside the plugin's stays allowed
+    p = defaulted_pod(copy.deepcopy(plugin))
+    p["spec"]["volumes"].append({"name": "aws", "projected": {"sources": [
+        {"serviceAccountToken": {"path": "t", "audience": "sts.amazonaws.com", "expirationSeconds": 3600}}]}})
+    p["spec"]["containers"][0]["volumeMounts"].append({"name": "aws", "mountPath": "/var/run/aws"})
+    assert isolation_problems(p) == []
+    out = apply(p, inject(p, "shop", "", set(), SIDECAR))
+    agent = next(c for c in out["spec"]["containers"] if c["name"] == "agent")
+    assert {m["name"] for m in agent["volumeMounts"]} == {"work", "aws"}
+
+
+# ---- the gateway's two forms ----
+
+NATIVE = Sidecar("registry.example/unwind:0.1.0", "unwind-system", native=True)
+
+
+def probe(path: str, **timing: int) -> dict[str, Any]:
+    return {"exec": {"command": ["unwind", "probe", f"http://127.0.0.1:8787/{path}"]},
+            "periodSeconds": 5, "timeoutSeconds": 3, "failureThreshold": 3, **timing}
+
+
+def test_from_1_29_the_gateway_is_a_native_sidecar_before_the_pods_own_init_containers() -> None:
+    p = defaulted_pod(copy.deepcopy(PROJECTED_TOKEN))
+    out = apply(p, inject(p, "shop", "shop:read", {"stripe-key"}, NATIVE))
+    assert [c["name"] for c in out["spec"]["initContainers"]] == [CONTAINER, "fetch"]
+    assert [c["name"] for c in out["spec"]["containers"]] == ["agent"]
+    gateway = out["spec"]["initContainers"][0]
+    secret_mount = next(m for m in gateway["volumeMounts"] if m["mountPath"] == "/etc/unwind/secrets/stripe-key")
+    assert gateway == {
+        "name": "unwind-gateway", "image": "registry.example/unwind:0.1.0", "imagePullPolicy": "IfNotPresent",
+        "command": ["unwind", "gateway", "--cluster", "--listen", "127.0.0.1:8787"],
+        "env": [
+            {"name": "UNWIND_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+            {"name": "UNWIND_OPERATOR_NAMESPACE", "value": "unwind-system"},
+            {"name": "UNWIND_RUN", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+            {"name": "UNWIND_SCOPES", "value": "shop:read"},
+            {"name": "UNWIND_ACTOR", "value": "system:serviceaccount:shop:agent"},
+            {"name": "UNWIND_TOKEN_FILE", "value": "/var/run/secrets/unwind/token"},
+            {"name": "UNWIND_CA_FILE", "value": "/var/run/secrets/unwind/ca.crt"},
+            {"name": "UNWIND_SECRETS_DIR", "value": "/etc/unwind/secrets"}],
+        "volumeMounts": [{"name": "unwind-token", "mountPath": "/var/run/secrets/unwind", "readOnly": True},
+                         {"name": "unwind-tmp", "mountPath": "/tmp"},
+                         {"name": secret_mount["name"], "mountPath": "/etc/unwind/secrets/stripe-key",
+                          "readOnly": True}],
+        "resources": {"requests": {"cpu": "50m", "memory": "64Mi"}, "limits": {"cpu": "500m", "memory": "128Mi"}},
+        "readinessProbe": probe("readyz"),
+        "livenessProbe": probe("healthz", initialDelaySeconds=10),
+        "securityContext": {"runAsNonRoot": True, "runAsUser": 65532, "readOnlyRootFilesystem": True,
+                            "allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
+                            "seccompProfile": {"type": "RuntimeDefault"}},
+        "restartPolicy": "Always",
+        "startupProbe": probe("readyz", periodSeconds=2, failureThreshold=60),
+    }
+    assert inject(out, "shop", "shop:read", {"stripe-key"}, NATIVE) == []  # idempotent
+    assert inject(out, "shop", "shop:read", {"stripe-key"}, SIDECAR) == []  # whichever form finds it
+    assert isolation_problems(out) == []
+
+
+def test_a_native_sidecar_in_a_pod_without_init_containers_starts_the_list() -> None:
+    ops = inject(pod(), "shop", "x", set(), NATIVE)
+    [add] = [op for op in ops if op["path"].startswith("/spec/initContainers")]
+    assert add["path"] == "/spec/initContainers" and [c["name"] for c in add["value"]] == [CONTAINER]
+    out = apply(pod(), ops)
+    assert [c["name"] for c in out["spec"]["initContainers"]] == [CONTAINER]
+    assert [c["name"] for c in out["spec"]["containers"]] == ["agent"]
+
+
+def test_before_1_29_the_gateway_is_a_container_its_agent_ends_with_quitquitquit() -> None:
+    out = apply(pod(), inject(pod(), "shop", "x", set(), SIDECAR))
+    gateway = out["spec"]["containers"][-1]
+    assert gateway["name"] == CONTAINER and "initContainers" not in out["spec"]
+    assert {"name": "UNWIND_QUIT_ENDPOINT", "value": "1"} in gateway["env"]
+    assert "restartPolicy" not in gateway and "startupProbe" not in gateway
+    native = apply(pod(), inject(pod(), "shop", "x", set(), NATIVE))["spec"]["initContainers"][0]
+    assert "UNWIND_QUIT_ENDPOINT" not in {e["name"] for e in native["env"]}  # the kubelet stops it
+
+
+@pytest.mark.parametrize(("major", "minor", "git", "expected"), [
+    ("1", "29", "v1.29.0", (1, 29)),
+    ("1", "29+", "v1.29.4-gke.1043002", (1, 29)),  # GKE, EKS
+    ("1", "30+", "v1.30.2-eks-1552ad0", (1, 30)),
+    ("", "", "v1.28.9+k3s1", (1, 28)),  # a build that leaves major and minor empty
+    ("1", "", "v1.31.0", (1, 31)),
+    ("1", "20", "v1.20.15", (1, 20)),
+    ("", "", "v0.0.0-master+$Format:%H$", (0, 0)),  # built from a source tree without tags
+    (None, None, None, None),
+    ("x", "y", "unknown", None),
+])
+def test_the_api_servers_version_is_read_from_major_minor_then_git_version(
+        major: Any, minor: Any, git: Any, expected: tuple[int, int] | None) -> None:
+    assert server_version(major, minor, git) == expected
+
+
+def test_auto_chooses_the_native_sidecar_from_1_29_and_the_container_when_unsure() -> None:
+    assert [native_sidecars("auto", v) for v in [(1, 28), (1, 29), (1, 30), (2, 0), None]] == [
+        False, True, True, True, False]
+    assert native_sidecars("native", (1, 20)) is True
+    assert native_sidecars("container", (1, 31)) is False
+    with pytest.raises(ValueError, match=r"'sidecars'.*auto, native, container"):
+        native_sidecars("sidecars", None)
+
+
+def test_the_operator_reads_the_version_once_and_falls_back_to_the_container(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from kubernetes import client
+
+    from unwind.operator import handlers
+
+    asked: list[int] = []
+
+    class Version:
+        def __init__(self, api: Any) -> None:
+            pass
+
+        def get_code(self) -> Any:
+            asked.append(1)
+            if answer is None:
+                raise OSError("connection refused")
+            return client.VersionInfo(major="1", minor="30+", git_version="v1.30.1-gke.1", build_date="",
+                                      compiler="", git_commit="", git_tree_state="", go_version="",
+                                      platform="")
+
+    monkeypatch.setattr(handlers.client, "VersionApi", Version)
+    answer: Any = True
+    assert handlers.sidecar_form(None, "auto") is True  # type: ignore[arg-type]
+    assert handlers.sidecar_form(None, "container") is False  # type: ignore[arg-type]
+    answer = None
+    assert handlers.sidecar_form(None, "auto") is False  # type: ignore[arg-type]
+    assert len(asked) == 2  # only auto asks
+    with pytest.raises(ValueError, match="UNWIND_SIDECAR_MODE"):
+        handlers.sidecar_form(None, "yes")  # type: ignore[arg-type]
+
+
+def test_the_sidecar_mode_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    from unwind.operator.handlers import Config
+
+    assert Config("unwind-system").sidecar_mode == "auto"
+    monkeypatch.setenv("UNWIND_SIDECAR_MODE", "container")
+    assert Config("unwind-system").sidecar_mode == "container"
+
+
+def test_the_kubelet_stand_in_finds_the_gateway_in_either_form() -> None:
+    from types import SimpleNamespace
+
+    from unwind.controlplane.node import has_sidecar
+
+    def k8s(pod: dict[str, Any]) -> Any:
+        spec = pod["spec"]
+        return SimpleNamespace(spec=SimpleNamespace(
+            containers=[SimpleNamespace(name=c["name"]) for c in spec["containers"]],
+            init_containers=[SimpleNamespace(name=c["name"]) for c in spec.get("initContainers") or []] or None))
+
+    assert not has_sidecar(k8s(pod()))
+    assert has_sidecar(k8s(apply(pod(), inject(pod(), "shop", "x", set(), SIDECAR))))
+    assert has_sidecar(k8s(apply(pod(), inject(pod(), "shop", "x", set(), NATIVE))))

@@ -42,7 +42,7 @@ Select = Callable[[Any], bool]
 
 
 def has_sidecar(pod: Any) -> bool:
-    return any(c.name == SIDECAR for c in pod.spec.containers)
+    return any(c.name == SIDECAR for c in [*(pod.spec.init_containers or []), *pod.spec.containers])
 
 
 def unwind_pod(pod: Any) -> bool:

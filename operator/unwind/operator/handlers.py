@@ -27,7 +27,7 @@ from .. import API_GROUP, API_VERSION
 from ..api.conditions import now_rfc3339
 from . import metrics
 from .hooks import Admission, WebhookConfig, reader
-from .inject import Sidecar
+from .inject import Sidecar, native_sidecars, server_version
 from .jobs import RollbackConfig, RollbackLoop, RollbackWorker, relevant
 from .keys import KeyKeeper
 from .kube import APPROVALS, BUNDLE_LABEL, LEDGERS, PLURAL, Kube
@@ -50,6 +50,9 @@ class Config:
     resync_seconds: float = 300.0
     key_check_seconds: float = 10.0
     gateway_image: str = ""  # the sidecar's image (and the undo Jobs'); empty: pods are not injected
+    # auto | native | container: the gateway's form (inject.native_sidecars); from
+    # $UNWIND_SIDECAR_MODE (the chart's env), or `unwind operator --sidecar-mode`
+    sidecar_mode: str = field(default_factory=lambda: os.environ.get("UNWIND_SIDECAR_MODE", "auto"))
     rollback_parallelism: int = 4  # undo Jobs running at once per ledger
     lookup_seconds: float = 60.0  # lost answers looked up, and retention checked, this often
     retention_dry_run: bool = False
@@ -184,7 +187,8 @@ def build_registry(config: Config, api: client.ApiClient) -> kopf.OperatorRegist
     settings = Settings(config.trusted_appliers, config.four_eyes)
     namespaces = Namespaces(reconcile, config.bundle_window, elector.leading)
     admission = Admission(reader(kube), config.operator_namespace, config.four_eyes,
-                          sidecar=Sidecar(config.gateway_image, config.operator_namespace)
+                          sidecar=Sidecar(config.gateway_image, config.operator_namespace,
+                                          native=sidecar_form(api, config.sidecar_mode))
                           if config.gateway_image else None)
     server = WebhookServer(tls, admission, config.webhook.addr, config.webhook.port)
     # Rollbacks, lost answers and retention (jobs.py): a loop of their own, leader only.
@@ -260,6 +264,26 @@ def build_registry(config: Config, api: client.ApiClient) -> kopf.OperatorRegist
     return registry
 
 
+def sidecar_form(api: client.ApiClient, mode: str) -> bool:
+    """Whether pods get a native sidecar (``UNWIND_SIDECAR_MODE``; auto: from the API
+    server's version, read once at start-up). A version that cannot be read gets the plain container, which
+    runs on every version."""
+    native_sidecars(mode, None)  # a wrong mode fails before any request
+    version = None
+    if mode == "auto":
+        try:
+            info = client.VersionApi(api).get_code()
+            version = server_version(info.major, info.minor, info.git_version)
+        except Exception as exc:  # the container form works everywhere: start with it
+            log.warning("cannot read the API server's version (%s): injecting the gateway as a plain "
+                        "container; set UNWIND_SIDECAR_MODE=native on Kubernetes 1.29 or later", exc)
+    native = native_sidecars(mode, version)
+    log.info("injecting the gateway as a %s (sidecar mode %s, API server %s)",
+             "native sidecar" if native else "plain container with POST /quitquitquit", mode,
+             ".".join(map(str, version)) if version else "version unknown")
+    return native
+
+
 async def _keep_keys(keeper: KeyKeeper, admission: Admission, namespaces: Namespaces,
                      leading: asyncio.Event, every: float) -> None:
     """Reload the signing key (a rotation re-signs every bundle) and, on the leader, keep
@@ -296,6 +320,10 @@ def run(config: Config, liveness: str | None, metrics_port: int | None) -> None:
         kubeconfig.load_incluster_config()  # type: ignore[no-untyped-call]
     except kubeconfig.ConfigException:
         kubeconfig.load_kube_config()  # type: ignore[no-untyped-call]
+    try:
+        native_sidecars(config.sidecar_mode, None)
+    except ValueError as exc:
+        raise SystemExit(f"error: {exc}") from None
     api = client.ApiClient()
     try:
         client.CoreV1Api(api).read_namespace(config.operator_namespace)

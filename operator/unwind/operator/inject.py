@@ -12,18 +12,40 @@ The gateway container gets everything the pod's agent must not have:
   admission* (a pod cannot widen them later), its run (annotation ``unwind.dev/run``,
   else the pod's name) and its actor (the ServiceAccount).
 
-Injection is idempotent (a pod that already has the container is left alone) and fails
-open (failure policy Ignore): with the operator down, pods start without a gateway. A pod
-whose own spec would hand the agent what the gateway keeps from it (``isolation_problems``:
-a shared process namespace, the gateway's volumes, an API token of its own) is refused
-with what to change.
+The gateway takes one of two forms (``Sidecar.native``, chosen by the operator from the
+API server's version, ``native_sidecars``):
+
+- from Kubernetes 1.29 a *native sidecar*: the first entry of ``spec.initContainers`` with
+  ``restartPolicy: Always`` and a startup probe, so it starts before the pod's own init
+  containers, the agent's containers start only once it is ready, and it is stopped when
+  they have ended: a pod (or Job) whose agent finishes completes;
+- before 1.29 a plain container (native sidecars do not run there), which would keep the
+  pod Running after its agent ended; it gets ``UNWIND_QUIT_ENDPOINT=1`` instead, and the
+  agent ends it with ``POST /quitquitquit`` (``unwind.gateway.quit``).
+
+Both forms pass the Pod Security Standards' ``restricted`` profile (non-root, no
+privilege escalation, every capability dropped, the runtime's default seccomp profile):
+a compliant pod stays compliant with the gateway in it.
+
+Injection is idempotent (a pod that already has the gateway, in either form, is left
+alone) and fails open (failure policy Ignore): with the operator down, pods start without
+a gateway. A pod whose own spec would hand the agent what the gateway keeps from it
+(``isolation_problems``: a shared process namespace, the gateway's volumes, an API token of
+its own) is refused with what to change. The token the ServiceAccount admission plugin
+mounted (the Secret-based ``<sa>-token-*`` volume before 1.22, the projected
+``kube-api-access-*`` volume from 1.22 on) is not the pod's own: it is taken back from the
+agent's containers.
 """
 
 from __future__ import annotations
 
+import copy
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from ..gateway.quit import ENV as QUIT_ENV
 
 CONTAINER = "unwind-gateway"
 INJECT_LABEL = "unwind.dev/inject"
@@ -46,6 +68,38 @@ class Sidecar:
     command: tuple[str, ...] = ("unwind", "gateway", "--cluster")
     cpu: tuple[str, str] = ("50m", "500m")
     memory: tuple[str, str] = ("64Mi", "128Mi")
+    native: bool = False  # a native sidecar (Kubernetes >= 1.29), else a plain container
+
+
+NATIVE_SINCE = (1, 29)  # restartPolicy: Always on an init container is on by default from 1.29
+SIDECAR_MODES = ("auto", "native", "container")
+
+
+def server_version(major: Any, minor: Any, git_version: Any = "") -> tuple[int, int] | None:
+    """(major, minor) of an API server from its ``/version`` answer. Providers decorate
+    the minor ("29+" on GKE and EKS); ``gitVersion`` ("v1.29.4-gke.1043002") is read when
+    major and minor say nothing. None when neither does."""
+    def leading(text: Any) -> int | None:
+        found = re.match(r"\s*(\d+)", str(text or ""))
+        return int(found.group(1)) if found else None
+
+    pair = leading(major), leading(minor)
+    if pair[0] is not None and pair[1] is not None:
+        return pair[0], pair[1]
+    found = re.match(r"\s*v?(\d+)\.(\d+)", str(git_version or ""))
+    return (int(found.group(1)), int(found.group(2))) if found else None
+
+
+def native_sidecars(mode: str, version: tuple[int, int] | None) -> bool:
+    """Whether to inject a native sidecar: ``native`` and ``container`` say so; ``auto``
+    (the default) when the API server is 1.29 or later. An unknown version gets the plain
+    container, which runs everywhere."""
+    if mode not in SIDECAR_MODES:
+        raise ValueError(f"sidecar mode {mode!r} (UNWIND_SIDECAR_MODE, --sidecar-mode): give one of "
+                         f"{', '.join(SIDECAR_MODES)} (auto: a native sidecar from Kubernetes 1.29 on)")
+    if mode != "auto":
+        return mode == "native"
+    return version is not None and version >= NATIVE_SINCE
 
 
 def _escape(key: str) -> str:
@@ -61,7 +115,44 @@ def _volume_name(secret: str) -> str:
 
 
 def _has_gateway(spec: Mapping[str, Any]) -> bool:
-    return any(isinstance(c, Mapping) and c.get("name") == CONTAINER for c in spec.get("containers") or [])
+    """Whether the gateway is in the pod already, in either form."""
+    return any(isinstance(c, Mapping) and c.get("name") == CONTAINER
+               for kind in ("initContainers", "containers") for c in spec.get(kind) or [])
+
+
+# What the gateway's container asks of the node: the Pod Security Standards' restricted
+# profile, set on the container so it holds whatever the pod's own securityContext says.
+SECURITY_CONTEXT: dict[str, Any] = {
+    "runAsNonRoot": True, "runAsUser": 65532, "readOnlyRootFilesystem": True,
+    "allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
+    "seccompProfile": {"type": "RuntimeDefault"}}
+
+
+def _probe(path: str, **timing: int) -> dict[str, Any]:
+    return {"exec": {"command": ["unwind", "probe", f"http://127.0.0.1:{PORT}/{path}"]},
+            "periodSeconds": 5, "timeoutSeconds": 3, "failureThreshold": 3, **timing}
+
+
+def gateway_container(sidecar: Sidecar, env: list[dict[str, Any]],
+                      mounts: list[dict[str, Any]]) -> dict[str, Any]:
+    """The gateway's container in the form ``sidecar.native`` says (see the module's doc)."""
+    container: dict[str, Any] = {
+        "name": CONTAINER, "image": sidecar.image, "imagePullPolicy": sidecar.pull_policy,
+        "command": [*sidecar.command, "--listen", f"127.0.0.1:{PORT}"],
+        "env": env if sidecar.native else [*env, {"name": QUIT_ENV, "value": "1"}],
+        "volumeMounts": mounts,
+        "resources": {"requests": {"cpu": sidecar.cpu[0], "memory": sidecar.memory[0]},
+                      "limits": {"cpu": sidecar.cpu[1], "memory": sidecar.memory[1]}},
+        "readinessProbe": _probe("readyz"),
+        "livenessProbe": _probe("healthz", initialDelaySeconds=10),
+        "securityContext": copy.deepcopy(SECURITY_CONTEXT),
+    }
+    if sidecar.native:
+        # the pod's next init container, and so its agent, starts once this succeeds: the
+        # gateway has its bundle (2 minutes, then the kubelet restarts it)
+        container["restartPolicy"] = "Always"
+        container["startupProbe"] = _probe("readyz", periodSeconds=2, failureThreshold=60)
+    return container
 
 
 def inject(pod: Mapping[str, Any], namespace: str, scopes: str | None, secrets: Iterable[str],
@@ -88,23 +179,11 @@ def inject(pod: Mapping[str, Any], namespace: str, scopes: str | None, secrets: 
         {"name": "UNWIND_CA_FILE", "value": f"{TOKEN_DIR}/ca.crt"},
         {"name": "UNWIND_SECRETS_DIR", "value": SECRETS_DIR},
     ]
-    mounts = [{"name": TOKEN_VOLUME, "mountPath": TOKEN_DIR, "readOnly": True},
-              {"name": TMP_VOLUME, "mountPath": "/tmp"},
-              *({"name": _volume_name(n), "mountPath": f"{SECRETS_DIR}/{n}", "readOnly": True} for n in names)]
-    probe = {"exec": {"command": ["unwind", "probe", f"http://127.0.0.1:{PORT}/readyz"]},
-             "periodSeconds": 5, "timeoutSeconds": 3, "failureThreshold": 3}
-    container = {
-        "name": CONTAINER, "image": sidecar.image, "imagePullPolicy": sidecar.pull_policy,
-        "command": [*sidecar.command, "--listen", f"127.0.0.1:{PORT}"],
-        "env": env, "volumeMounts": mounts,
-        "resources": {"requests": {"cpu": sidecar.cpu[0], "memory": sidecar.memory[0]},
-                      "limits": {"cpu": sidecar.cpu[1], "memory": sidecar.memory[1]}},
-        "readinessProbe": probe,
-        "livenessProbe": {**probe, "exec": {"command": ["unwind", "probe", f"http://127.0.0.1:{PORT}/healthz"]},
-                          "initialDelaySeconds": 10},
-        "securityContext": {"runAsNonRoot": True, "runAsUser": 65532, "readOnlyRootFilesystem": True,
-                            "allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
-    }
+    mounts: list[dict[str, Any]] = [
+        {"name": TOKEN_VOLUME, "mountPath": TOKEN_DIR, "readOnly": True},
+        {"name": TMP_VOLUME, "mountPath": "/tmp"},
+        *({"name": _volume_name(n), "mountPath": f"{SECRETS_DIR}/{n}", "readOnly": True} for n in names)]
+    container = gateway_container(sidecar, env, mounts)
     volumes = [
         {"name": TOKEN_VOLUME, "projected": {"sources": [
             {"serviceAccountToken": {"path": "token", "expirationSeconds": 3600}},
@@ -112,8 +191,13 @@ def inject(pod: Mapping[str, Any], namespace: str, scopes: str | None, secrets: 
         {"name": TMP_VOLUME, "emptyDir": {"sizeLimit": "16Mi"}},
         *({"name": _volume_name(n), "secret": {"secretName": n}} for n in names),
     ]
-    ops = _remove_token_mounts(spec)
-    ops.append({"op": "add", "path": "/spec/containers/-", "value": container})
+    ops = _remove_token_mounts(spec)  # first: their paths count the pod's containers as they are
+    if not sidecar.native:
+        ops.append({"op": "add", "path": "/spec/containers/-", "value": container})
+    elif spec.get("initContainers"):  # first, so it runs before the pod's own init containers
+        ops.append({"op": "add", "path": "/spec/initContainers/0", "value": container})
+    else:
+        ops.append({"op": "add", "path": "/spec/initContainers", "value": [container]})
     if spec.get("volumes"):
         ops += [{"op": "add", "path": "/spec/volumes/-", "value": v} for v in volumes]
     else:
@@ -134,6 +218,42 @@ WHAT_TO_DO = "change the pod, or remove its label unwind.dev/inject=true to run 
 
 def _is_gateway_volume(name: Any) -> bool:
     return isinstance(name, str) and (name in (TOKEN_VOLUME, TMP_VOLUME) or name.startswith(SECRET_VOLUME_PREFIX))
+
+
+PLUGIN_VOLUME_PREFIX = "kube-api-access-"  # + 5 random characters
+
+
+def _mounts(spec: Mapping[str, Any], volume: str) -> list[Mapping[str, Any]]:
+    return [m for kind in ("initContainers", "containers", "ephemeralContainers")
+            for c in spec.get(kind) or [] if isinstance(c, Mapping)
+            for m in c.get("volumeMounts") or [] if isinstance(m, Mapping) and m.get("name") == volume]
+
+
+def _plugin_sources(sources: Any) -> bool:
+    """The projection the ServiceAccount admission plugin writes: a token for the API server
+    at ``token``, the cluster's CA from ConfigMap ``kube-root-ca.crt``, the namespace from
+    the downward API, and nothing else."""
+    if not isinstance(sources, list) or not all(isinstance(s, Mapping) and len(s) == 1 for s in sources):
+        return False
+    kinds = {next(iter(s)): next(iter(s.values())) for s in sources}
+    if len(kinds) != len(sources) or set(kinds) != {"serviceAccountToken", "configMap", "downwardAPI"}:
+        return False
+    token, ca = kinds["serviceAccountToken"], kinds["configMap"]
+    return (isinstance(token, Mapping) and not token.get("audience") and token.get("path") == "token"
+            and isinstance(ca, Mapping) and ca.get("name") == "kube-root-ca.crt")
+
+
+def is_plugin_token_volume(volume: Mapping[str, Any], spec: Mapping[str, Any]) -> bool:
+    """Whether ``volume`` is the API token the ServiceAccount admission plugin added (from
+    Kubernetes 1.22 on; it runs before webhooks): named ``kube-api-access-*``, projected as
+    the plugin projects it, and mounted only where the plugin mounts it. Injection takes
+    it back from the agent's containers (``_remove_token_mounts``); a projected API token
+    the pod declares itself is refused (``isolation_problems``)."""
+    name = volume.get("name")
+    projected = volume.get("projected")
+    return (isinstance(name, str) and name.startswith(PLUGIN_VOLUME_PREFIX) and isinstance(projected, Mapping)
+            and _plugin_sources(projected.get("sources"))
+            and all(m.get("mountPath") == SA_TOKEN_PATH for m in _mounts(spec, name)))
 
 
 def isolation_problems(pod: Mapping[str, Any]) -> list[str]:
@@ -162,6 +282,8 @@ def isolation_problems(pod: Mapping[str, Any]) -> list[str]:
         if _is_gateway_volume(volume.get("name")):
             out.append(f"spec.volumes[{v}]: the name {volume.get('name')!r} is kept for the gateway's "
                        "volumes; rename it")
+        if is_plugin_token_volume(volume, spec):  # not the pod's own: injection takes it back
+            continue
         sources = (volume.get("projected") or {}).get("sources") if isinstance(volume.get("projected"), Mapping) \
             else None
         for i, source in enumerate(sources or []):
@@ -169,13 +291,17 @@ def isolation_problems(pod: Mapping[str, Any]) -> list[str]:
             if isinstance(token, Mapping) and not token.get("audience"):
                 out.append(f"spec.volumes[{v}].projected.sources[{i}].serviceAccountToken: a token for the "
                            "API server in an agent's pod lets the agent write its own ledger as its gateway "
-                           "does; give it the audience of the service it is for, or remove it")
+                           "does; give it the audience of the service it is for, or remove it (the token "
+                           f"Kubernetes mounts at {SA_TOKEN_PATH} is taken back without asking)")
     return out
 
 
 def _remove_token_mounts(spec: Mapping[str, Any]) -> list[dict[str, Any]]:
     """Take back the token the ServiceAccount admission plugin (which runs before webhooks)
-    already mounted into the agent's containers, and its volume."""
+    already mounted into the agent's containers at ``SA_TOKEN_PATH``, and its volume: the
+    Secret ``<sa>-token-*`` before Kubernetes 1.22, the projected ``kube-api-access-*`` from
+    1.22 on (``is_plugin_token_volume``; ``isolation_problems`` refuses any other projected
+    API token first)."""
     ops: list[dict[str, Any]] = []
     token_volumes: set[str] = set()
     for kind in ("initContainers", "containers"):
