@@ -13,7 +13,9 @@ What the pod gets, and why:
   step's idempotency key makes the repeat harmless) and ``activeDeadlineSeconds`` from
   the time the step may take: the step's ``timeout_ms`` (else the called tool's upstream
   timeout), plus every read-back attempt and its backoff, plus start-up, for each pod;
-- non-root, read-only root file system, no privilege escalation, no capabilities.
+- non-root, read-only root file system, no privilege escalation, no capabilities, the
+  runtime's default seccomp profile: the Pod Security Standards' ``restricted`` profile, so
+  a namespace that enforces it still runs its rollbacks.
 
 Names are deterministic (``job_name``): the same step of the same request always gets the
 same name, so a restarted operator that creates it again gets 409 and knows it ran.
@@ -138,14 +140,16 @@ def job_body(*, name: str, ledger: str, uid: str, entry: str, step: str, text: s
                       "limits": {"cpu": "500m", "memory": "128Mi"}},
         "terminationMessagePolicy": "File",
         "securityContext": {"runAsNonRoot": True, "runAsUser": 65532, "readOnlyRootFilesystem": True,
-                            "allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
+                            "allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
+                            "seccompProfile": {"type": "RuntimeDefault"}},
     }
     if mounts:
         container["volumeMounts"] = mounts
     pod: dict[str, Any] = {"restartPolicy": "Never", "automountServiceAccountToken": False,
                            "enableServiceLinks": False, "containers": [container],
                            "securityContext": {"runAsNonRoot": True, "runAsUser": 65532,
-                                               "runAsGroup": 65532, "fsGroup": 65532}}
+                                               "runAsGroup": 65532, "fsGroup": 65532,
+                                               "seccompProfile": {"type": "RuntimeDefault"}}}
     if volumes:
         pod["volumes"] = volumes
     return {
