@@ -295,9 +295,10 @@ def test_only_the_missing_image_is_built(cache: Path, tmp_path: Path,
 
     monkeypatch.setattr(image, "_build_pause", fake_pause)
     monkeypatch.setattr(image, "_export", fake_export)
+    monkeypatch.setattr(image, "_prune_storage", lambda log, img: done.append("prune " + img.name))
     monkeypatch.setattr(image, "_build_unwind", lambda *a: pytest.fail("unwind is cached"))
     got = image.ensure_images(root)
-    assert done == ["build pause", "export pause"]
+    assert done == ["build pause", "export pause", "prune pause"]
     assert got.built == ("pause",)
 
 
@@ -347,6 +348,24 @@ def test_log_redacts_the_mirror(tmp_path: Path) -> None:
     assert "mirror.example" not in str(info.value)
     assert "<mirror>" in str(info.value)
     assert "mirror.example" not in (tmp_path / "x.log").read_text()
+
+
+def test_prune_drops_older_builds_only(cache: Path, tmp_path: Path,
+                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    plan = image.planned_images(make_context(tmp_path / "ctx"))
+    key = plan.unwind.key[:12]
+    calls: list[list[str]] = []
+
+    def fake_run(cmd: list[str], **kwargs: Any) -> Any:
+        calls.append(cmd[7:])  # after buildah --root R --runroot RR --storage-driver vfs
+        listing = (f"localhost/unwind:{key}\nlocalhost/unwind:dev\nlocalhost/unwind:0123456789ab\n"
+                   "docker.io/library/unwind:dev\nlocalhost/python:3.11-debian-0123456789ab\n"
+                   "localhost/unwind:notahexkey12\n<none>:<none>\n")
+        return subprocess.CompletedProcess(cmd, 0, listing if cmd[7] == "images" else "", None)
+
+    monkeypatch.setattr(subprocess, "run", fake_run)
+    image._prune_storage(image._Log(tmp_path / "log"), plan.unwind)
+    assert calls[1:] == [["rmi", "localhost/unwind:0123456789ab"], ["rmi", "--prune"]]
 
 
 def test_stale_work_directories_are_removed(cache: Path) -> None:

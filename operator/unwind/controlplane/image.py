@@ -11,7 +11,13 @@ with Debian's tools:
 * **unwind** ``localhost/unwind:dev`` (``docker.io/library/unwind:dev`` to containerd, the name
   ``image: unwind:dev`` resolves to): the Dockerfile *as written*, ``buildah bud`` with
   ``--build-arg PYTHON_IMAGE=`` the base. Its ``pip wheel`` step runs with the host's pip
-  configuration and CA bundle mounted read-only, so nothing of the host lands in the image;
+  configuration (its files and ``PIP_*`` environment merged into one file mounted as
+  ``/etc/pip.conf``), the local paths that configuration names, and the CA bundle, all
+  mounted read-only: nothing of the host lands in the image. ``buildah bud -v`` mounts into
+  every stage and leaves an empty mount point where the path did not exist (an empty
+  ``/etc/pip.conf``, empty ``/opt/...`` directories): no content. Building the builder stage
+  alone with the mounts and the rest without does not work in buildah 1.28 (a cached stage
+  named in ``RUN --mount=from=`` is not found);
 * **pause** ``localhost/unwind-pause:1``: a static Go program that waits for SIGINT/SIGTERM
   and reaps children.
 
@@ -530,6 +536,22 @@ def _export(log: _Log, img: BuiltImage, seconds: dict[str, float]) -> None:
             old.unlink(missing_ok=True)
 
 
+def _prune_storage(log: _Log, img: BuiltImage) -> None:
+    """Drop older builds of `img` from buildah's storage (vfs keeps full copies of each)."""
+    current = img.tags[-1]  # the content-addressed tag: <repo>:<...><key[:12]>
+    prefix = current[:-12]
+    try:  # best effort: the archive is written already
+        listing = log.run(f"prune {img.name}",
+                          buildah_cmd("images", "--format", "{{.Name}}:{{.Tag}}"), capture=True)
+        for ref in listing.split():
+            stale_key = ref[len(prefix):]
+            if ref != current and ref.startswith(prefix) and re.fullmatch(r"[0-9a-f]{12}", stale_key):
+                log.run(f"prune {img.name}", buildah_cmd("rmi", ref))
+        log.run(f"prune {img.name}", buildah_cmd("rmi", "--prune"))
+    except ImageError as exc:
+        log.note(f"pruning buildah storage failed, ignored: {exc}")
+
+
 def _in_storage(log: _Log, ref: str, key: str) -> bool:
     """Whether buildah's storage holds `ref` built from `key` (read from its label)."""
     proc = subprocess.run(buildah_cmd("inspect", "--type", "image", "--format",
@@ -615,6 +637,7 @@ def _ensure_base_in_storage(log: _Log, base: BuiltImage, seconds: dict[str, floa
         return False
     _build_base(log, base, seconds)
     _export(log, base, seconds)
+    _prune_storage(log, base)
     return True
 
 
@@ -713,11 +736,13 @@ def ensure_images(root: Path = ROOT) -> Images:
                     built.append("python")
                 _build_unwind(log, plan.unwind, root, seconds)
                 _export(log, plan.unwind, seconds)
+                _prune_storage(log, plan.unwind)
                 built.append("unwind")
             if not plan.pause.tar.exists():
                 seconds = {}
                 _build_pause(log, plan.pause, seconds)
                 _export(log, plan.pause, seconds)
+                _prune_storage(log, plan.pause)
                 built.append("pause")
         except ImageError:
             raise
