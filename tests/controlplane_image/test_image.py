@@ -368,6 +368,36 @@ def test_prune_drops_older_builds_only(cache: Path, tmp_path: Path,
     assert calls[1:] == [["rmi", "localhost/unwind:0123456789ab"], ["rmi", "--prune"]]
 
 
+def test_archives_keep_the_current_and_the_previous(cache: Path, tmp_path: Path) -> None:
+    import os
+    plan = image.planned_images(make_context(tmp_path / "ctx"))
+    d = cache / "images"
+    d.mkdir(parents=True)
+    for age, key in enumerate(["new", "old", "older"], start=1):
+        (d / f"unwind-{key}.tar").write_bytes(b"x")
+        (d / f"unwind-{key}.json").write_text("{}")
+        os.utime(d / f"unwind-{key}.tar", (1000 - age, 1000 - age))
+    plan.unwind.tar.write_bytes(b"current")
+    (d / "pause-x.tar").write_bytes(b"other name")
+    image._prune_archives(plan.unwind)
+    assert sorted(p.name for p in d.iterdir()) == sorted(
+        [plan.unwind.tar.name, "unwind-new.tar", "unwind-new.json", "pause-x.tar"])
+
+
+@pytest.mark.parametrize(("stdout", "rc", "found"), [
+    (json.dumps({"OCIv1": {"config": {"Labels": {image.KEY_LABEL: "k1"}}}}), 0, True),
+    (json.dumps({"OCIv1": {"config": {"Labels": {image.KEY_LABEL: "k0"}}}}), 0, False),
+    (json.dumps({"OCIv1": {"config": {}}}), 0, False),
+    ("", 125, False),
+    ("not json", 0, False),
+])
+def test_base_in_storage_is_read_from_its_label(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                stdout: str, rc: int, found: bool) -> None:
+    monkeypatch.setattr(subprocess, "run",
+                        lambda cmd, **kw: subprocess.CompletedProcess(cmd, rc, stdout, ""))
+    assert image._in_storage(image._Log(tmp_path / "log"), image.BASE_IMAGE, "k1") is found
+
+
 def test_stale_work_directories_are_removed(cache: Path) -> None:
     (cache / "images" / "tmp-base-x" / "rootfs").mkdir(parents=True)
     (cache / "images" / "tmp-unwind-1.tar").write_bytes(b"half")

@@ -525,15 +525,25 @@ def _export(log: _Log, img: BuiltImage, seconds: dict[str, float]) -> None:
     log.run(f"export {img.name}", ["skopeo", "copy", "--quiet", *extra, _storage_ref(img.ref),
                                    f"docker-archive:{tmp}:{img.tags[0]}"])
     seconds[f"export_{img.name}"] = round(time.monotonic() - t0, 1)
-    for old in images_dir().glob(f"{img.name}-*.tar"):  # one archive per name
-        old.unlink(missing_ok=True)
-    os.rename(tmp, img.tar)
-    meta = {"ref": img.ref, "tags": list(img.tags), "key": img.key, "bytes": img.tar.stat().st_size,
+    meta = {"ref": img.ref, "tags": list(img.tags), "key": img.key, "bytes": tmp.stat().st_size,
             "seconds": seconds, "built_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
     img.tar.with_suffix(".json").write_text(json.dumps(meta, indent=2) + "\n")
-    for old in images_dir().glob(f"{img.name}-*.json"):
-        if old != img.tar.with_suffix(".json"):
-            old.unlink(missing_ok=True)
+    os.rename(tmp, img.tar)
+    _prune_archives(img)
+
+
+def _prune_archives(img: BuiltImage, keep: int = 2) -> None:
+    """Keep the newest `keep` archives of img.name (the current one among them): a process
+    that planned the previous one a moment ago may still be importing it."""
+    tars = sorted(images_dir().glob(f"{img.name}-*.tar"), key=lambda p: p.stat().st_mtime,
+                  reverse=True)
+    kept = [img.tar, *[t for t in tars if t != img.tar][:keep - 1]]
+    for tar in tars:
+        if tar not in kept:
+            tar.unlink(missing_ok=True)
+    for meta in images_dir().glob(f"{img.name}-*.json"):
+        if meta.with_suffix(".tar") not in kept:
+            meta.unlink(missing_ok=True)
 
 
 def _prune_storage(log: _Log, img: BuiltImage) -> None:
@@ -554,14 +564,13 @@ def _prune_storage(log: _Log, img: BuiltImage) -> None:
 
 def _in_storage(log: _Log, ref: str, key: str) -> bool:
     """Whether buildah's storage holds `ref` built from `key` (read from its label)."""
-    proc = subprocess.run(buildah_cmd("inspect", "--type", "image", "--format",
-                                      "{{json .OCIv1.Config.Labels}}", ref),
+    proc = subprocess.run(buildah_cmd("inspect", "--type", "image", ref),
                           capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         return False
-    try:
-        labels = json.loads(proc.stdout) or {}
-    except json.JSONDecodeError:
+    try:  # buildah 1.28's --format has no `json` function: read the whole document
+        labels = json.loads(proc.stdout)["OCIv1"]["config"].get("Labels") or {}
+    except (json.JSONDecodeError, KeyError, TypeError, AttributeError):
         return False
     found = labels.get(KEY_LABEL) == key
     log.note(f"{ref} in buildah storage, key {labels.get(KEY_LABEL)}: {'current' if found else 'stale'}")
