@@ -1,10 +1,11 @@
-"""Get the binaries of the local control plane: etcd, kubectl, kube-apiserver, kube-controller-manager.
+"""Get the binaries of the local control plane and its node: etcd, kubectl, kube-apiserver,
+kube-controller-manager, kubelet, kube-scheduler, kube-proxy (and the node's Debian packages).
 
 Why this exists: the tests and ``unwind dev up`` need a *real* API server (RBAC, admission
 webhooks, the Job controller), but the only registries we can reach are PyPI and Debian.
 Debian ships etcd and kubectl as packages and ships Kubernetes 1.20.2 as *source* (with a
-vendor tree), so we build kube-apiserver and kube-controller-manager from that source once
-and cache them under ``~/.cache/unwind/kube-<version>/``.
+vendor tree), so we build the five server binaries from that source with one ``make`` (they
+share its compile cache) once and cache them under ``~/.cache/unwind/kube-<version>/``.
 
 The build is idempotent and atomic: binaries are built in a temporary directory and the
 finished cache directory is moved into place with one ``rename``, so an interrupted build
@@ -32,11 +33,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 KUBE_VERSION = "1.20.2"
-COMPONENTS = ("kube-apiserver", "kube-controller-manager")
+COMPONENTS = ("kube-apiserver", "kube-controller-manager", "kubelet", "kube-scheduler", "kube-proxy")
 REFLECT2_DEBIAN = Path("/usr/share/gocode/src/github.com/modern-go/reflect2")
 # tool on PATH -> Debian package that provides it
-TOOL_PACKAGES = {"go": "golang-go", "etcd": "etcd-server", "kubectl": "kubernetes-client"}
+TOOL_PACKAGES = {"go": "golang-go", "etcd": "etcd-server", "kubectl": "kubernetes-client",
+                 # the node: container runtime, pod network, and building the images
+                 "containerd": "containerd", "runc": "runc", "iptables": "iptables", "ip": "iproute2",
+                 "buildah": "buildah", "debootstrap": "debootstrap"}
 BUILD_PACKAGES = ("rsync", "jq", "make")
+FILE_PACKAGES = {"/usr/lib/cni/bridge": "containernetworking-plugins"}
 
 
 class BuildError(RuntimeError):
@@ -49,6 +54,9 @@ class BinPaths:
     kubectl: Path
     kube_apiserver: Path
     kube_controller_manager: Path
+    kubelet: Path
+    kube_scheduler: Path
+    kube_proxy: Path
 
 
 def cache_root() -> Path:
@@ -71,7 +79,7 @@ def cached_binaries(version: str = KUBE_VERSION) -> BinPaths | None:
     built = [d / name for name in COMPONENTS]
     if not (etcd and kubectl and all(os.access(p, os.X_OK) for p in built)):
         return None
-    return BinPaths(Path(etcd), Path(kubectl), built[0], built[1])
+    return BinPaths(Path(etcd), Path(kubectl), *built)
 
 
 def _run(cmd: list[str], log: Path, *, cwd: Path | None = None,
@@ -133,6 +141,7 @@ def ensure_packages(log: Path) -> None:
     """Install the Debian packages that are missing (checked with shutil.which)."""
     missing = [pkg for tool, pkg in TOOL_PACKAGES.items() if not shutil.which(tool)]
     missing += [pkg for pkg in BUILD_PACKAGES if not shutil.which(pkg)]
+    missing += [pkg for path, pkg in FILE_PACKAGES.items() if not Path(path).exists()]
     if not (REFLECT2_DEBIAN / "reflect2.go").exists():
         missing.append("golang-github-modern-go-reflect2-dev")
     if missing:

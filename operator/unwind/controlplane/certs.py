@@ -27,6 +27,8 @@ class CertFiles:
     serving_key: Path
     sa_key: Path
     sa_pub: Path
+    kubelet_client_cert: Path
+    kubelet_client_key: Path
 
 
 def _write_key(key: ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey, path: Path) -> None:
@@ -88,22 +90,57 @@ def issue_serving_cert(
     return key, cert
 
 
-def write_pki(directory: Path) -> CertFiles:
-    """Create CA, API server serving cert (SAN 127.0.0.1, localhost, kubernetes.default...) and SA keys."""
-    directory.mkdir(parents=True, exist_ok=True)
-    files = CertFiles(
+def issue_client_cert(
+    ca_key: ec.EllipticCurvePrivateKey, ca_cert: x509.Certificate, cn: str, org: str,
+) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
+    """A TLS client certificate: user ``cn`` in group ``org`` for whoever trusts the CA."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    now = dt.datetime.now(dt.UTC)
+    subject = x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, org),
+                         x509.NameAttribute(NameOID.COMMON_NAME, cn)])
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(subject).issuer_name(ca_cert.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=5))
+        .not_valid_after(now + dt.timedelta(days=365))
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    return key, cert
+
+
+def pki_layout(directory: Path) -> CertFiles:
+    """Where write_pki puts each key and certificate in ``directory``."""
+    return CertFiles(
         ca_cert=directory / "ca.crt", ca_key=directory / "ca.key",
         serving_cert=directory / "apiserver.crt", serving_key=directory / "apiserver.key",
         sa_key=directory / "sa.key", sa_pub=directory / "sa.pub",
+        kubelet_client_cert=directory / "apiserver-kubelet-client.crt",
+        kubelet_client_key=directory / "apiserver-kubelet-client.key",
     )
+
+
+def write_pki(directory: Path, ips: tuple[str, ...] = ()) -> CertFiles:
+    """Create CA, API server serving cert (SAN 127.0.0.1, the first service IP, ``ips``,
+    localhost, kubernetes.default...), the API server's client certificate for kubelets and
+    the SA keys."""
+    directory.mkdir(parents=True, exist_ok=True)
+    files = pki_layout(directory)
     ca_key, ca_cert = make_ca()
     _write_key(ca_key, files.ca_key)
     files.ca_cert.write_bytes(ca_cert.public_bytes(serialization.Encoding.PEM))
     dns = ["localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc",
            "kubernetes.default.svc.cluster.local"]
-    key, cert = issue_serving_cert(ca_key, ca_cert, "kube-apiserver", dns, ["127.0.0.1", "10.0.0.1"])
+    key, cert = issue_serving_cert(ca_key, ca_cert, "kube-apiserver", dns, ["127.0.0.1", "10.0.0.1", *ips])
     _write_key(key, files.serving_key)
     files.serving_cert.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    # for kubectl logs/exec through the kubelet, which asks the API server about each client
+    key, cert = issue_client_cert(ca_key, ca_cert, "kube-apiserver-kubelet-client", "system:masters")
+    _write_key(key, files.kubelet_client_key)
+    files.kubelet_client_cert.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
     sa = rsa.generate_private_key(public_exponent=65537, key_size=2048)
     _write_key(sa, files.sa_key)
     files.sa_pub.write_bytes(sa.public_key().public_bytes(

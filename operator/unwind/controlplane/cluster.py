@@ -34,11 +34,17 @@ from typing import IO, Any
 import yaml
 from cryptography import x509
 
+from . import kubenode
 from .build import BinPaths, ensure_binaries
-from .certs import CertFiles, write_pki
+from .certs import CertFiles, pki_layout, write_pki
 from .procs import die_with_parent, pid_alive, pid_is_component, terminate
 
-STOP_ORDER = ("kube-controller-manager", "kube-apiserver", "etcd")  # API server before etcd
+NODE_COMPONENTS = ("kube-proxy", "kube-scheduler", "kubelet", "containerd")  # stop order
+# the node first (its kubelet reports to the API server), then the API server before etcd
+STOP_ORDER = (*NODE_COMPONENTS, "kube-controller-manager", "kube-apiserver", "etcd")
+# Since 1.22 pods get a projected token volume (kube-api-access-*); 1.20 has it behind this gate.
+FEATURE_GATES = "BoundServiceAccountTokenVolume=true"
+NODE_USER = f"system:node:{kubenode.NODE_NAME}"
 
 
 class ControlPlaneError(RuntimeError):
@@ -92,16 +98,13 @@ def make_token_kubeconfig(
 
 def pki_files(directory: Path) -> CertFiles:
     """Where write_pki puts each key and certificate in ``directory``."""
-    return CertFiles(
-        ca_cert=directory / "ca.crt", ca_key=directory / "ca.key",
-        serving_cert=directory / "apiserver.crt", serving_key=directory / "apiserver.key",
-        sa_key=directory / "sa.key", sa_pub=directory / "sa.pub",
-    )
+    return pki_layout(directory)
 
 
-def pki_problem(directory: Path, margin: dt.timedelta = dt.timedelta(days=1)) -> str | None:
+def pki_problem(directory: Path, margin: dt.timedelta = dt.timedelta(days=1),
+                ips: tuple[str, ...] = ()) -> str | None:
     """Why the keys in ``directory`` cannot be reused (missing, unreadable, expiring within
-    ``margin``), or None when they can."""
+    ``margin``, a serving certificate without one of ``ips``), or None when they can."""
     files = pki_files(directory)
     missing = [p.name for p in vars(files).values() if not p.is_file()]
     if missing:
@@ -113,6 +116,14 @@ def pki_problem(directory: Path, margin: dt.timedelta = dt.timedelta(days=1)) ->
             return f"{cert_file} cannot be read: {exc}"
         if cert.not_valid_after_utc < dt.datetime.now(dt.UTC) + margin:
             return f"{cert_file} expires on {cert.not_valid_after_utc:%Y-%m-%d %H:%M} UTC"
+    serving = x509.load_pem_x509_certificate(files.serving_cert.read_bytes())
+    try:
+        sans = {str(a) for a in serving.extensions.get_extension_for_class(
+            x509.SubjectAlternativeName).value.get_values_for_type(x509.IPAddress)}
+    except x509.ExtensionNotFound:
+        sans = set()
+    if missing_ips := [ip for ip in ips if ip not in sans]:
+        return f"{files.serving_cert} is not valid for {', '.join(missing_ips)}"
     return None
 
 
@@ -139,6 +150,8 @@ def stop_from_dir(workdir: str | Path) -> bool:
         pid = pids.get(name)
         if pid and pid_alive(pid) and pid_is_component(pid, name, workdir):
             terminate(pid)
+    if (workdir / "node").is_dir():
+        kubenode.clean_host(kubenode.NodeDirs(workdir / "node"), workdir / "node" / "host.json")
     state_file.unlink(missing_ok=True)
     return True
 
@@ -151,8 +164,15 @@ class ControlPlane:
 
     def __init__(self, workdir: str | Path | None = None, bins: BinPaths | None = None, *,
                  startup_timeout: float = 120.0, die_with_parent: bool = False,
-                 users: dict[str, tuple[str, ...]] | None = None) -> None:
+                 users: dict[str, tuple[str, ...]] | None = None, node: bool = False,
+                 images: Any = None) -> None:
         self._workdir = Path(workdir).resolve() if workdir else None
+        # A real node (kubenode): containerd, kubelet, scheduler, proxy; the API server then
+        # listens on the node's bridge address instead of loopback. ``images``: what to
+        # import into its containerd (unwind.controlplane.image.Images; built when None).
+        self.node = node
+        self.images = images
+        self.address = kubenode.NODE_ADDRESS if node else "127.0.0.1"
         # Extra token users (name -> groups), for tests that need distinct identities.
         self.users = dict(users or {})
         self.tokens: dict[str, str] = {}
@@ -163,6 +183,7 @@ class ControlPlane:
         self._state: dict[str, Any] = {}
         self._server = ""
         self._token = ""
+        self.leftovers: list[str] = []  # what stop() could not clean on the host
 
     # -- public properties -------------------------------------------------------------
     @property
@@ -201,6 +222,10 @@ class ControlPlane:
     def log_file(self, name: str) -> Path:
         return self.workdir / "logs" / f"{name}.log"
 
+    @property
+    def node_dirs(self) -> kubenode.NodeDirs:
+        return kubenode.NodeDirs(self.workdir / "node")
+
     # -- lifecycle -----------------------------------------------------------------------
     def __enter__(self) -> ControlPlane:
         if not self._procs:
@@ -218,6 +243,10 @@ class ControlPlane:
             import tempfile
             self._workdir = Path(tempfile.mkdtemp(prefix="unwind-cp-"))
         bins = self._bins or ensure_binaries()
+        if self.node and self.images is None:  # before anything starts: a build takes minutes
+            from .image import ensure_images
+
+            self.images = ensure_images()
         wd = self.workdir
         for sub in ("logs", "pki"):
             (wd / sub).mkdir(parents=True, exist_ok=True)
@@ -229,16 +258,29 @@ class ControlPlane:
         return self
 
     def _start(self, wd: Path, bins: BinPaths) -> None:
-        pki = pki_files(wd / "pki") if pki_problem(wd / "pki") is None else write_pki(wd / "pki")
+        ips = (self.address,) if self.node else ()
+        if self.node:
+            if (other := kubenode.node_in_use()) is not None:
+                raise ControlPlaneError(f"{other}; stop it first (`unwind dev down`): kube-proxy owns "
+                                        "the host's KUBE-* chains, so one node runs per machine")
+            if missing := kubenode.missing_packages():
+                raise ControlPlaneError(f"the node needs Debian packages {' '.join(missing)}: "
+                                        f"apt-get install {' '.join(missing)}")
+            (wd / "node").mkdir(exist_ok=True)
+            kubenode.setup_network(wd / "node" / "host.json")
+        pki = pki_files(wd / "pki") if pki_problem(wd / "pki", ips=ips) is None else write_pki(wd / "pki", ips)
         self._token = secrets.token_hex(24)
         self.tokens = {"admin": self._token, **{u: secrets.token_hex(24) for u in self.users}}
+        node_token = secrets.token_hex(24)
         tokens = wd / "tokens.csv"
         lines = [f'{self._token},admin,admin,"system:masters"']
+        if self.node:  # the kubelet's identity, for the Node authorizer
+            lines.append(f'{node_token},{NODE_USER},{NODE_USER},"system:nodes"')
         lines += [f'{self.tokens[u]},{u},{u},"{",".join(groups)}"' for u, groups in self.users.items()]
         tokens.write_text("\n".join(lines) + "\n")
         tokens.chmod(0o600)
         etcd_client, etcd_peer, api_port = free_ports(3)
-        self._server = f"https://127.0.0.1:{api_port}"
+        self._server = f"https://{self.address}:{api_port}"
         make_token_kubeconfig(self._server, pki.ca_cert, self._token, self.kubeconfig, user="admin")
         self._state = {"server": self._server, "kubeconfig": str(self.kubeconfig), "pids": {},
                        "ports": {"etcd": etcd_client, "etcd-peer": etcd_peer, "kube-apiserver": api_port}}
@@ -254,22 +296,35 @@ class ControlPlane:
         ])
         self._wait("etcd", lambda: b"true" in self._get(f"{etcd_url}/health"))
 
+        node_flags = [
+            # the `kubernetes` Service's endpoint is this address (pods reach 10.0.0.1:443)
+            "--endpoint-reconciler-type=lease", "--kubelet-preferred-address-types=InternalIP",
+            f"--kubelet-client-certificate={pki.kubelet_client_cert}",
+            f"--kubelet-client-key={pki.kubelet_client_key}",
+            # webhooks of Services are called at their pods' addresses on the bridge
+            "--enable-aggregator-routing=true",
+            "--authorization-mode=Node,RBAC",
+            "--enable-admission-plugins=NodeRestriction,MutatingAdmissionWebhook,ValidatingAdmissionWebhook",
+        ] if self.node else [
+            "--endpoint-reconciler-type=none",  # 127.0.0.1 may not be an Endpoints address
+            "--authorization-mode=RBAC",
+            "--enable-admission-plugins=MutatingAdmissionWebhook,ValidatingAdmissionWebhook",
+        ]
         self._spawn("kube-apiserver", [
             str(bins.kube_apiserver),
             f"--etcd-servers={etcd_url}",
-            "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1",
+            f"--bind-address={self.address}", f"--advertise-address={self.address}",
             f"--secure-port={api_port}", "--insecure-port=0",
             f"--cert-dir={wd / 'pki'}",
             f"--tls-cert-file={pki.serving_cert}", f"--tls-private-key-file={pki.serving_key}",
             f"--client-ca-file={pki.ca_cert}",
             f"--token-auth-file={tokens}",
-            "--authorization-mode=RBAC",
+            *node_flags,
+            f"--feature-gates={FEATURE_GATES}",
             f"--service-account-key-file={pki.sa_pub}",
             f"--service-account-signing-key-file={pki.sa_key}",
             "--service-account-issuer=https://kubernetes.default.svc",
-            "--service-cluster-ip-range=10.0.0.0/24",
-            "--enable-admission-plugins=MutatingAdmissionWebhook,ValidatingAdmissionWebhook",
-            "--endpoint-reconciler-type=none",  # 127.0.0.1 may not be an Endpoints address
+            f"--service-cluster-ip-range={kubenode.SERVICE_RANGE}",
             "--allow-privileged=true", "--profiling=false",
         ])
         self._wait("kube-apiserver", lambda: self._get(f"{self._server}/readyz") == b"ok")
@@ -279,12 +334,40 @@ class ControlPlane:
             f"--kubeconfig={self.kubeconfig}",
             f"--service-account-private-key-file={pki.sa_key}",
             f"--root-ca-file={pki.ca_cert}",
-            "--leader-elect=false", "--controllers=*",
+            "--leader-elect=false", "--controllers=*", f"--feature-gates={FEATURE_GATES}",
             "--port=0", "--secure-port=0", "--bind-address=127.0.0.1",
         ])
         # the service-account controller making "default" shows the controller manager works
         sa = f"{self._server}/api/v1/namespaces/default/serviceaccounts/default"
         self._wait("kube-controller-manager", lambda: bool(self._get(sa)))
+        if self.node:
+            self._start_node(bins, pki, node_token)
+
+    def _start_node(self, bins: BinPaths, pki: CertFiles, node_token: str) -> None:
+        """containerd (with the images imported), then the kubelet, the scheduler and the
+        proxy; returns once the node is Ready."""
+        from .image import import_images
+
+        dirs = self.node_dirs
+        images = self.images
+        kubenode.write_configs(dirs, images.pause_image)
+        self._spawn("containerd", ["containerd", "--config", str(dirs.containerd_config)])
+        self._wait("containerd", lambda: dirs.containerd_socket.is_socket() and subprocess.run(
+            ["ctr", "--address", str(dirs.containerd_socket), "version"],
+            capture_output=True, check=False).returncode == 0)
+        import_images(str(dirs.containerd_socket), images)
+        kubelet_config = make_token_kubeconfig(self._server, pki.ca_cert, node_token,
+                                               dirs.root / "kubelet.kubeconfig", user=NODE_USER)
+        self._spawn("kubelet", kubenode.kubelet_args(bins.kubelet, dirs, kubelet_config, pki.ca_cert,
+                                                     images.pause_image))
+        self._spawn("kube-scheduler", kubenode.scheduler_args(bins.kube_scheduler, self.kubeconfig))
+        self._spawn("kube-proxy", kubenode.proxy_args(bins.kube_proxy, self.kubeconfig))
+        node = f"{self._server}/api/v1/nodes/{kubenode.NODE_NAME}"
+        self._wait("kubelet", lambda: b'"type":"Ready","status":"True"' in self._get(node).replace(b" ", b""))
+        self._wait("kube-proxy", kubenode.proxy_ready)
+        self._wait("kube-scheduler", lambda: True)  # still running
+        if (why := kubenode.check_no_forwarding()) is not None:
+            raise ControlPlaneError(f"the node turned forwarding on: {why}")
 
     def _spawn(self, name: str, argv: list[str]) -> None:
         sig = signal.SIGTERM if name == "etcd" else signal.SIGKILL
@@ -335,4 +418,6 @@ class ControlPlane:
                 terminate(proc.pid, proc=proc)
         self._procs.clear()
         if self._workdir is not None:
+            if self.node:
+                self.leftovers = kubenode.clean_host(self.node_dirs, self.node_dirs.root / "host.json")
             (self._workdir / "state.json").unlink(missing_ok=True)

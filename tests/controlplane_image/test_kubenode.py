@@ -1,0 +1,56 @@
+"""The node's configuration, as pure values: the network rules of real-node.md (no gateway
+from the CNI plugin, no masquerade, no default route in pods), a private containerd, and
+a kubelet that serves only clients the API server vouches for."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+from unwind.controlplane import kubenode
+from unwind.controlplane.kubenode import NodeDirs
+
+
+def test_the_pod_network_never_lets_the_plugin_turn_forwarding_on_nor_routes_off_the_machine(tmp_path: Path) -> None:
+    (plugin,) = kubenode.cni_config(NodeDirs(tmp_path))["plugins"]  # type: ignore[misc]
+    assert plugin["type"] == "bridge" and plugin["bridge"] == kubenode.BRIDGE
+    assert plugin["isGateway"] is False and plugin["ipMasq"] is False
+    ipam = plugin["ipam"]
+    assert ipam["dataDir"].startswith(str(tmp_path))  # not /var/lib/cni/networks
+    # the service range via the node, and nothing else: no default route
+    assert ipam["routes"] == [{"dst": kubenode.SERVICE_RANGE, "gw": kubenode.NODE_ADDRESS}]
+
+
+def test_containerd_keeps_everything_in_the_nodes_folders_and_restricts_oom_score_adj(tmp_path: Path) -> None:
+    dirs = NodeDirs(tmp_path / "node")
+    config = tomllib.loads(kubenode.containerd_config(dirs, "localhost/unwind-pause:1"))
+    assert config["root"].startswith(str(dirs.root)) and config["state"].startswith(str(dirs.run))
+    assert config["grpc"]["address"] == str(dirs.containerd_socket)
+    assert len(str(dirs.containerd_socket)) < 100  # a unix socket path has 107 bytes
+    cri = config["plugins"]["io.containerd.grpc.v1.cri"]
+    assert cri["restrict_oom_score_adj"] is True  # no CAP_SYS_RESOURCE on these machines
+    assert cri["sandbox_image"] == "localhost/unwind-pause:1"
+    assert cri["cni"] == {"bin_dir": "/usr/lib/cni", "conf_dir": str(dirs.cni_conf_dir), "max_conf_num": 1}
+    assert cri["containerd"]["runtimes"]["runc"]["options"]["SystemdCgroup"] is False
+    assert cri["stream_server_address"] == "127.0.0.1"
+
+
+def test_two_nodes_folders_get_two_socket_folders(tmp_path: Path) -> None:
+    assert NodeDirs(tmp_path / "a").run != NodeDirs(tmp_path / "b").run
+
+
+def test_the_kubelet_serves_only_clients_the_api_server_vouches_for(tmp_path: Path) -> None:
+    args = kubenode.kubelet_args(Path("/bin/kubelet"), NodeDirs(tmp_path), tmp_path / "kc", tmp_path / "ca.crt",
+                                 "localhost/unwind-pause:1")
+    assert "--anonymous-auth=false" in args and "--authorization-mode=Webhook" in args
+    assert "--authentication-token-webhook" in args and f"--client-ca-file={tmp_path / 'ca.crt'}" in args
+    assert "--read-only-port=0" in args  # the unauthenticated port is off
+    assert f"--node-ip={kubenode.NODE_ADDRESS}" in args and "--container-runtime=remote" in args
+    assert "--image-gc-high-threshold=100" in args  # imported images cannot be pulled again
+    assert all(str(tmp_path) in a for a in args if a.startswith(("--root-dir=", "--cert-dir=")))
+
+
+def test_kube_proxy_listens_on_loopback_only() -> None:
+    args = kubenode.proxy_args(Path("/bin/kube-proxy"), Path("/kc"))
+    binds = [a for a in args if "bind-address" in a]
+    assert binds and all("=127.0.0.1" in a for a in binds)
