@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # Install everything Unwind's tests and `unwind dev up` need, on a fresh Debian machine:
-# a virtualenv with the project and its dev tools, the Debian packages (etcd, kubectl, Go),
-# and kube-apiserver + kube-controller-manager built from Debian's source package (cached in
-# ~/.cache/unwind, so a machine that built them once goes fast). Safe to run again.
+# a virtualenv with the project and its dev tools; the Debian packages (etcd, kubectl, Go,
+# containerd, runc, CNI plugins, iptables, buildah, debootstrap); the control plane's and
+# the node's binaries (kube-apiserver, kube-controller-manager, kubelet, kube-scheduler,
+# kube-proxy) built from Debian's source package; and the project's image and a pause image
+# built with buildah. Everything built is cached in ~/.cache/unwind, keyed by its inputs,
+# so a machine that built it once goes fast. Safe to run again.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
@@ -17,3 +20,4 @@ if [ ! -f "$stamp" ]; then
   rm -f .venv/.installed-* && touch "$stamp"
 fi
 .venv/bin/python -m unwind.controlplane.build
+.venv/bin/python -m unwind.controlplane.image

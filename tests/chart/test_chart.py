@@ -215,6 +215,12 @@ def test_the_operator_runs_as_non_root_with_a_read_only_root_and_no_capabilities
     assert sc["seccompProfile"] == {"type": "RuntimeDefault"}
 
 
+def test_the_operator_pod_gets_no_service_link_variables(chart: Any) -> None:
+    # the webhook Service unwind-webhook would give it UNWIND_WEBHOOK_PORT=tcp://... (seen on a node)
+    pod = only(render(chart), "Deployment")["spec"]["template"]["spec"]
+    assert pod["enableServiceLinks"] is False
+
+
 def test_the_only_writable_path_is_an_empty_dir_at_tmp(chart: Any) -> None:
     objects = render(chart)
     pod = only(objects, "Deployment")["spec"]["template"]["spec"]
@@ -222,13 +228,14 @@ def test_the_only_writable_path_is_an_empty_dir_at_tmp(chart: Any) -> None:
     assert [v["name"] for v in pod["volumes"] if "emptyDir" in v] == ["tmp"]
 
 
-def test_the_operator_is_probed_on_kopfs_liveness_endpoint(chart: Any) -> None:
+def test_the_operator_is_live_on_kopfs_endpoint_and_ready_when_its_webhooks_listen(chart: Any) -> None:
     container = operator_container(render(chart))
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
     assert ports["health"] == 8080
-    for probe in ("livenessProbe", "readinessProbe"):
-        get = container[probe]["httpGet"]
-        assert (get["path"], get["port"]) == ("/healthz", "health")
+    get = container["livenessProbe"]["httpGet"]
+    assert (get["path"], get["port"]) == ("/healthz", "health")
+    # ready when the webhooks listen: a replica still without its TLS gets no reviews
+    assert container["readinessProbe"]["tcpSocket"] == {"port": "webhook"}
     assert "--liveness=http://0.0.0.0:8080/healthz" in container["args"]
 
 

@@ -32,6 +32,7 @@ from gateway.conftest import SCOPES, GatewayProc, env, free_port
 from gateway.conftest import wait_for as wait_for_url
 from unwind.controlplane import ControlPlane
 from unwind.controlplane.dev import OPERATOR_NAMESPACE
+from unwind.controlplane.kubenode import EXAMPLES_UPSTREAM
 
 GATEWAY_ROLE = "unwind-gateway"
 AGENT = "agent"
@@ -50,7 +51,7 @@ def example_manifests(upstream_url: str) -> list[dict[str, Any]]:
     for spec in yaml.safe_load((ROOT / "tests" / "gateway" / "extra.yaml").read_text()):
         if spec["tool"] in EXTRA_TOOLS:
             out.append(tm(spec["tool"].replace("_", "-"), spec))
-    text = json.dumps(out).replace("http://127.0.0.1:8788", upstream_url)
+    text = json.dumps(out).replace("http://127.0.0.1:8788", upstream_url).replace(EXAMPLES_UPSTREAM, upstream_url)
     text = text.replace('"timeout_ms": "10s"', '"timeout_ms": "2s"').replace(
         '"timeout_ms": "30s"', '"timeout_ms": "2s"')
     return list(json.loads(text))

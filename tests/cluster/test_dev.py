@@ -21,7 +21,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from unwind.controlplane import BuildError, ControlPlaneError, ensure_binaries
+from unwind.controlplane import BuildError, ControlPlaneError, ensure_binaries, kubenode
 from unwind.controlplane.certs import write_pki
 from unwind.controlplane.cluster import running_in_dir
 from unwind.controlplane.dev import (
@@ -89,12 +89,14 @@ def test_up_after_down_resumes_the_cluster_with_the_manifests_that_were_applied(
     with pytest.raises(ControlPlaneError, match=r"already running in .*unwind dev down"):
         up(dev_dir)
     daemons = {stem: daemon_pid(dev_dir, stem) for stem in DAEMONS}
-    assert daemons["operator"] and daemons["node"], daemons
+    components = running_in_dir(dev_dir / "cluster")
+    assert {"containerd", "kubelet", "kube-scheduler", "kube-proxy"} <= set(components), components
     assert bool(daemons["upstream"]) == first.upstream  # not started when port 8788 is taken
     assert down(dev_dir)
     assert not running_in_dir(dev_dir / "cluster")
-    assert not [stem for stem, pid in daemons.items() if pid and pid_alive(pid)]
+    assert not [stem for stem, pid in {**daemons, **components}.items() if pid and pid_alive(pid)]
     assert running(dev_dir) is None
+    assert kubenode.kube_chains() == [] and not kubenode.bridge_exists()  # down cleaned the host
 
     second = up(dev_dir)
     assert second.start.resume, second.start
@@ -154,7 +156,8 @@ def write_expired_ca(pki: Path) -> None:
     pem = cert.public_bytes(serialization.Encoding.PEM)
     for name_ in ("ca.crt", "apiserver.crt"):
         (pki / name_).write_bytes(pem)
-    for name_ in ("ca.key", "apiserver.key", "sa.key", "sa.pub"):
+    for name_ in ("ca.key", "apiserver.key", "sa.key", "sa.pub", "apiserver-kubelet-client.crt",
+                  "apiserver-kubelet-client.key"):
         (pki / name_).write_text("key")
 
 
@@ -172,12 +175,22 @@ def test_a_stopped_cluster_whose_keys_expired_is_started_clean(tmp_path: Path) -
 def test_a_stopped_cluster_is_resumed_and_clean_wipes_it(tmp_path: Path) -> None:
     cluster = tmp_path / "cluster"
     (cluster / "etcd" / "member").mkdir(parents=True)
-    write_pki(cluster / "pki")
+    write_pki(cluster / "pki", (kubenode.NODE_ADDRESS,))
     assert resume_or_clean(tmp_path).resume
     assert (cluster / "etcd" / "member").is_dir()
     start = resume_or_clean(tmp_path, clean=True)
     assert start == Start(False, "--clean deletes the stopped cluster's data")
     assert not cluster.exists()
+
+
+def test_a_stopped_cluster_whose_serving_certificate_lacks_the_nodes_address_is_started_clean(
+        tmp_path: Path) -> None:
+    cluster = tmp_path / "cluster"
+    (cluster / "etcd" / "member").mkdir(parents=True)
+    write_pki(cluster / "pki")  # made before the node: loopback only
+    start = resume_or_clean(tmp_path)
+    assert not start.resume
+    assert f"apiserver.crt is not valid for {kubenode.NODE_ADDRESS}" in start.why
 
 
 @pytest.mark.parametrize(("statuses", "action"), [

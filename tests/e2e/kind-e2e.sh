@@ -8,7 +8,12 @@
 #   3. installs charts/unwind (CRDs come from the chart's crds/ folder),
 #   4. waits for the operator, applies manifests/ and waits until every
 #      ToolManifest is Ready,
-#   5. prints `kubectl get toolmanifests -A` and deletes the cluster on exit.
+#   5. runs an agent as a Job labelled unwind.dev/inject=true (the demo agent of
+#      examples/demo-agent.yaml) and waits until the Job completes: on 1.29+ its
+#      gateway is a native sidecar, and the agent's container holds no token,
+#   6. prints `kubectl get toolmanifests -A` and deletes the cluster on exit.
+#
+# tests/e2e/kind-matrix.sh runs it for several Kubernetes versions.
 #
 # Usage: tests/e2e/kind-e2e.sh
 # Environment:
@@ -107,6 +112,29 @@ kubectl apply -f "${ROOT}/manifests/"
 
 say "waiting until every ToolManifest is Ready"
 kubectl wait --for=condition=Ready toolmanifest --all -A --timeout=120s
+
+say "an agent run as a Job, with the injected gateway, completes"
+kubectl apply -f "${ROOT}/examples/demo-agent.yaml" --dry-run=client -o json \
+  | python3 -c '
+import json, sys
+items = json.load(sys.stdin)["items"]
+pod = items[-1]
+job = {"apiVersion": "batch/v1", "kind": "Job",
+       "metadata": {"name": "e2e-agent", "namespace": pod["metadata"]["namespace"]},
+       "spec": {"backoffLimit": 0, "template": {"metadata": {"labels": pod["metadata"]["labels"]},
+                                                "spec": pod["spec"]}}}
+print(json.dumps({"apiVersion": "v1", "kind": "List", "items": [*items[:-1], job]}))' \
+  | kubectl apply -f -
+kubectl -n code-hosting wait --for=condition=complete job/e2e-agent --timeout=180s
+agent_pod="$(kubectl -n code-hosting get pods -l job-name=e2e-agent -o jsonpath='{.items[0].metadata.name}')"
+kubectl -n code-hosting get pod "${agent_pod}" -o json | python3 -c '
+import json, sys
+pod = json.load(sys.stdin)
+gateway = [c["name"] for c in pod["spec"].get("initContainers", []) if c.get("restartPolicy") == "Always"]
+agent = next(c for c in pod["spec"]["containers"] if c["name"] == "agent")
+mounts = [m["mountPath"] for m in agent.get("volumeMounts", [])]
+assert "/var/run/secrets/kubernetes.io/serviceaccount" not in mounts, mounts
+print("gateway as a native sidecar:", gateway or "no (a plain container: server older than 1.29)")'
 
 say "result"
 kubectl get toolmanifests -A

@@ -23,6 +23,8 @@ from typing import Any
 import httpx2
 import pytest
 
+from unwind.controlplane.kubenode import EXAMPLES_UPSTREAM
+
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).parent
 SCOPES = ("repo:read,repo:write,repo:release,payments:read,payments:write,payments:refund,"
@@ -112,7 +114,7 @@ def fresh_upstream(request: pytest.FixtureRequest) -> None:
 def manifests(upstream: UpstreamProc, tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("manifests")
     for src in [*sorted((ROOT / "manifests").glob("*.yaml")), HERE / "extra.yaml"]:
-        text = src.read_text().replace("http://127.0.0.1:8788", upstream.url)
+        text = src.read_text().replace("http://127.0.0.1:8788", upstream.url).replace(EXAMPLES_UPSTREAM, upstream.url)
         text = text.replace("timeout_ms: 10s", "timeout_ms: 2s").replace("timeout_ms: 30s", "timeout_ms: 2s")
         (out / src.name).write_text(text)
     return out

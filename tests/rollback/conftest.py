@@ -15,6 +15,7 @@ import pytest
 from gateway import conftest as gw
 from gateway.conftest import ROOT, GatewayProc, UpstreamProc, start_gateway, stop
 from unwind.cli.main import main
+from unwind.controlplane.kubenode import EXAMPLES_UPSTREAM
 
 HERE = Path(__file__).parent
 # The gateway tests' fixtures, found by pytest under these names.
@@ -30,7 +31,7 @@ def manifests(upstream: UpstreamProc, tmp_path_factory: pytest.TempPathFactory) 
     sources = [*sorted((ROOT / "manifests").glob("*.yaml")), ROOT / "tests/gateway/extra.yaml",
                HERE / "extra.yaml"]
     for src in sources:
-        text = src.read_text().replace("http://127.0.0.1:8788", upstream.url)
+        text = src.read_text().replace("http://127.0.0.1:8788", upstream.url).replace(EXAMPLES_UPSTREAM, upstream.url)
         text = text.replace("timeout_ms: 10s", "timeout_ms: 2s").replace("timeout_ms: 30s", "timeout_ms: 2s")
         (out / f"{src.parent.name}-{src.name}").write_text(text)
     return out

@@ -262,11 +262,13 @@ class Upstream:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description="The test upstream for the example manifests.")
-    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--host", action="append",
+                        help="address to listen on (repeat for several; default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=DEFAULT_PORT)
     args = parser.parse_args()
-    print(f"test upstream on http://{args.host}:{args.port}", flush=True)
-    web.run_app(Upstream().app(), host=args.host, port=args.port, print=None)
+    hosts = args.host or ["127.0.0.1"]
+    print(", ".join(f"test upstream on http://{h}:{args.port}" for h in hosts), flush=True)
+    web.run_app(Upstream().app(), host=hosts, port=args.port, print=None)
 
 
 if __name__ == "__main__":

@@ -62,7 +62,7 @@ def cmd_operator(args: argparse.Namespace) -> int:
                     webhook=webhook, lease=Timing(lease, lease * 2 / 3, max(0.5, lease / 7.5)),
                     key_check_seconds=args.key_check_seconds, gateway_image=args.gateway_image,
                     rollback_parallelism=args.rollback_parallelism, lookup_seconds=args.lookup_interval,
-                    retention_dry_run=args.retention_dry_run)
+                    retention_dry_run=args.retention_dry_run, sidecar_mode=args.sidecar_mode)
     run(config, args.liveness, args.metrics_port)
     return 0
 
@@ -104,7 +104,15 @@ def cmd_probe(args: argparse.Namespace) -> int:
 
 def cmd_dev_up(args: argparse.Namespace) -> int:
     from ..controlplane.cluster import ControlPlaneError
-    from ..controlplane.dev import up
+    from ..controlplane.dev import (
+        DEV_IMAGE,
+        OPERATOR_DEPLOYMENT,
+        OPERATOR_NAMESPACE,
+        UPSTREAM_HOSTS,
+        UPSTREAM_PORT,
+        up,
+    )
+    from ..controlplane.kubenode import NODE_NAME
 
     workdir = Path(args.dir).resolve()
     try:
@@ -117,14 +125,15 @@ def cmd_dev_up(args: argparse.Namespace) -> int:
         print(f"resumed the stopped cluster in {cp.workdir}: {start.why}")
     else:
         print(f"started a clean cluster in {cp.workdir}: {start.why}")
-    print(f"chart: release unwind {CHART_DONE[started.chart]}")
-    print(f"control plane: {cp.server}")
-    print(f"operator: pid {started.operator_pid}, log {workdir / 'operator.log'}")
-    print(f"node (kubelet stand-in): log {workdir / 'node.log'}, pods' output in {workdir / 'pods'}")
+    print(f"control plane: {cp.server}; node {NODE_NAME} (kubelet, containerd), logs in {cp.workdir / 'logs'}")
+    print(f"chart: release unwind {CHART_DONE[started.chart]}; the operator runs as "
+          f"deployment/{OPERATOR_DEPLOYMENT} in {OPERATOR_NAMESPACE} (image {DEV_IMAGE})")
     if started.upstream:
-        print(f"examples' upstream (a fake GitHub and Stripe): http://127.0.0.1:8788, log {workdir / 'upstream.log'}")
+        print(f"examples' upstream (a fake GitHub and Stripe): http://{UPSTREAM_HOSTS[0]}:{UPSTREAM_PORT} "
+              f"and http://127.0.0.1:{UPSTREAM_PORT}, for pods Service upstream.unwind-examples "
+              f"(10.0.0.88:{UPSTREAM_PORT}); log {workdir / 'upstream.log'}")
     else:
-        print("examples' upstream: not started (127.0.0.1:8788 is taken, or tests/upstream is not here)")
+        print(f"examples' upstream: not started (port {UPSTREAM_PORT} is taken, or tests/upstream is not here)")
     print(f"export KUBECONFIG={cp.kubeconfig}")
     return 0
 
@@ -150,6 +159,22 @@ def cmd_dev_node(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_dev_image(args: argparse.Namespace) -> int:
+    from ..controlplane.image import ImageError, ensure_images, import_images
+
+    try:
+        images = ensure_images()
+        for img in (images.base, images.unwind, images.pause):
+            print(f"{img.name}: {img.ref} ({'built now' if img.name in images.built else 'cached'}), {img.tar}")
+        if args.import_to:
+            import_images(args.import_to, images)
+            print(f"imported into {args.import_to}")
+    except ImageError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def cmd_dev_down(args: argparse.Namespace) -> int:
     from ..controlplane.dev import down
 
@@ -171,8 +196,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    "Approval (default $UNWIND_TRUSTED_APPLIERS, else none)")
     p.add_argument("--four-eyes", choices=("true", "false"), help="an approver may not be who last "
                    "changed the spec (default $UNWIND_FOUR_EYES or true)")
-    p.add_argument("--webhook-port", type=int, default=int(os.environ.get("UNWIND_WEBHOOK_PORT", "9443")),
-                   help="HTTPS port of the admission webhooks (default 9443)")
+    # a string default: argparse converts it only for `unwind operator`, and a bad value
+    # (a Service named unwind-webhook gives pods UNWIND_WEBHOOK_PORT=tcp://...) is its error
+    p.add_argument("--webhook-port", type=int, default=os.environ.get("UNWIND_WEBHOOK_PORT", "9443"),
+                   help="HTTPS port of the admission webhooks (default $UNWIND_WEBHOOK_PORT or 9443)")
     p.add_argument("--webhook-addr", default=os.environ.get("UNWIND_WEBHOOK_ADDR", "0.0.0.0"),
                    help="address the webhooks listen on (default 0.0.0.0)")
     p.add_argument("--webhook-service", help="the webhooks' Service: its DNS names go into the "
@@ -187,6 +214,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--gateway-image", default=os.environ.get("UNWIND_GATEWAY_IMAGE", ""),
                    help="image of the gateway sidecar injected into pods labelled "
                    "unwind.dev/inject=true (default $UNWIND_GATEWAY_IMAGE; empty: no injection)")
+    p.add_argument("--sidecar-mode", choices=("auto", "native", "container"),
+                   default=os.environ.get("UNWIND_SIDECAR_MODE", "auto"),
+                   help="how the gateway is injected: native (an init container with restartPolicy: "
+                   "Always; Kubernetes 1.29+), container (a plain container the agent stops with "
+                   "POST /quitquitquit), auto (native when the API server is 1.29 or newer; default "
+                   "$UNWIND_SIDECAR_MODE or auto). docs/compatibility.md")
     p.add_argument("--rollback-parallelism", type=int, default=4, help="undo Jobs of one ledger "
                    "running at once, when their steps are independent (default 4)")
     p.add_argument("--lookup-interval", type=float, default=60.0, help="seconds between lookups of "
@@ -219,12 +252,17 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
     dev = sub.add_parser("dev", help="the local control plane with Unwind installed")
     dsub = dev.add_subparsers(dest="dev_command", required=True, metavar="COMMAND")
-    p = dsub.add_parser("up", help="start etcd, kube-apiserver, the controller manager and the operator")
+    p = dsub.add_parser("up", help="start the control plane and its node, install the chart (the "
+                        "operator as a Deployment of the project's image) and the examples' upstream")
     p.add_argument("--dir", default=".dev", help="working folder (default .dev)")
     p.add_argument("--clean", action="store_true", help="delete a stopped cluster's data in --dir "
                    "and start over (default: resume it)")
     p.set_defaults(func=cmd_dev_up)
-    p = dsub.add_parser("node", help="the kubelet stand-in `dev up` starts: run undo Jobs' pods and "
+    p = dsub.add_parser("image", help="build the project's image and the pause image with buildah "
+                        "(cached by a digest of their inputs); --import SOCKET loads them into a containerd")
+    p.add_argument("--import", dest="import_to", metavar="SOCKET", help="containerd socket to import into")
+    p.set_defaults(func=cmd_dev_image)
+    p = dsub.add_parser("node", help="the kubelet stand-in, for fast tests: run undo Jobs' pods and "
                         "pods with the gateway sidecar as local processes")
     p.add_argument("--kubeconfig", default=None, help="default $KUBECONFIG")
     p.add_argument("-n", "--namespace", default=None, help="only this namespace (default: all)")

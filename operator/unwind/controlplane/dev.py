@@ -1,16 +1,20 @@
-"""Unwind on the local control plane: CRDs, the Helm chart, and the operator as a local
-process running under the chart's ServiceAccount token.
+"""Unwind on the local control plane: CRDs, the Helm chart, and the operator.
 
-``unwind dev up`` and the cluster tests share this, so what a developer runs is what the
-tests check: a missing RBAC rule in the chart fails both. There is no kubelet, so the
-chart's Deployment stays Pending; the operator runs beside it with the same identity. The
-kubelet stand-in (``unwind dev node``, :mod:`unwind.controlplane.node`) runs what Unwind
-puts into pods: agent pods with the injected gateway and undo Jobs' pods.
+``unwind dev up`` runs the control plane with a real node (:mod:`unwind.controlplane.kubenode`:
+containerd, kubelet, scheduler, proxy) and installs the chart as a user would: the operator
+is the chart's Deployment of the project's image, in containers on that node, and it injects
+the same image as the gateway sidecar and runs it in undo Jobs. The cluster tests share
+this, so a missing RBAC rule in the chart or a file the image lacks fails both.
+
+:class:`OperatorProcess` (the operator as a process on this machine, under the chart's
+ServiceAccount token) stays for the cluster tests that need many operators with short
+timers; the kubelet stand-in (``unwind dev node``, :mod:`unwind.controlplane.node`) for a few
+fast tests. No claim in README or docs rests on them alone.
 
 ``up`` after ``down`` resumes the stopped cluster (see :func:`resume_or_clean`): its etcd
 data still holds the Helm release and everything the user applied, so the chart is
-upgraded rather than installed (:func:`install_chart`) and the operator is started again
-with a kubeconfig for the new API server port.
+upgraded rather than installed (:func:`install_chart`), and the kubelet starts the pods
+again.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from typing import Any, Literal, NamedTuple
 
 from ..api.crd import write_crds
 from ..api.resources import KINDS
+from . import kubenode
 from .cluster import (
     ControlPlane,
     ControlPlaneError,
@@ -49,7 +54,9 @@ CHART = ROOT / "charts" / "unwind"
 OPERATOR_NAMESPACE = "unwind-system"
 RELEASE = "unwind"
 SERVICE_ACCOUNT = "unwind"
-DEV_IMAGE = "unwind:dev"  # never pulled: the node stand-in runs commands, not images
+DEV_IMAGE_REPOSITORY, DEV_IMAGE_TAG = "unwind", "dev"  # imported into the node's containerd, never pulled
+DEV_IMAGE = f"{DEV_IMAGE_REPOSITORY}:{DEV_IMAGE_TAG}"
+OPERATOR_DEPLOYMENT = f"{RELEASE}-operator"
 
 
 def kubectl(kubeconfig: Path, *args: str, input_text: str | None = None, check: bool = True) -> str:
@@ -234,10 +241,10 @@ class Start(NamedTuple):
 
 # What ``up`` starts beside the control plane: pid file stem -> (how it is named, words
 # its command line holds, so a pid reused by another process is never signalled).
-DAEMONS = {"operator": ("the operator", (b"unwind.cli.main", b"operator")),
-           "node": ("the kubelet stand-in", (b"unwind.cli.main", b"node")),
-           "upstream": ("the examples' upstream", (b"tests.upstream.server",))}
-UPSTREAM_PORT = 8788  # where manifests/ point
+DAEMONS = {"upstream": ("the examples' upstream", (b"tests.upstream.server",))}
+UPSTREAM_PORT = 8788  # where manifests/ point, through the Service in UPSTREAM_SERVICE
+UPSTREAM_HOSTS = (kubenode.NODE_ADDRESS, "127.0.0.1")  # for pods, and for a gateway on this machine
+UPSTREAM_SERVICE = ROOT / "examples" / "upstream-service.yaml"
 
 
 def daemon_pid(workdir: Path, stem: str) -> int | None:
@@ -283,7 +290,7 @@ def resume_or_clean(workdir: Path, *, clean: bool = False) -> Start:
         start = Start(False, "--clean deletes the stopped cluster's data")
     elif not (cluster / "etcd" / "member").is_dir():
         start = Start(False, "there was no earlier cluster")
-    elif (problem := pki_problem(cluster / "pki")) is not None:
+    elif (problem := pki_problem(cluster / "pki", ips=(kubenode.NODE_ADDRESS,))) is not None:
         start = Start(False, f"the stopped cluster's keys cannot be reused ({problem}), "
                              "and its data is useless without them")
     else:
@@ -297,10 +304,9 @@ def resume_or_clean(workdir: Path, *, clean: bool = False) -> Start:
 
 class Started(NamedTuple):
     control_plane: ControlPlane
-    operator_pid: int
     start: Start
     chart: ChartAction
-    upstream: bool = False  # the examples' upstream was started on 127.0.0.1:8788
+    upstream: bool = False  # the examples' upstream was started (UPSTREAM_HOSTS, port 8788)
 
 
 def _unverified() -> ssl.SSLContext:
@@ -310,59 +316,81 @@ def _unverified() -> ssl.SSLContext:
     return ctx
 
 
-def up(workdir: Path, *, clean: bool = False) -> Started:
-    """Start everything, resuming a stopped cluster in workdir unless ``clean``."""
+def node_values(trusted: tuple[str, ...] = ("admin",)) -> dict[str, object]:
+    """Chart values for the dev cluster's node: the image imported into its containerd
+    (never pulled), and the control plane's own admin as a trusted applier so the
+    quickstart publishes what it applies."""
+    return {"image": {"repository": DEV_IMAGE_REPOSITORY, "tag": DEV_IMAGE_TAG, "pullPolicy": "Never"},
+            "operator": {"trustedAppliers": list(trusted)}}
+
+
+def wait_operator(kubeconfig: Path, timeout: float = 240) -> None:
+    """Until the chart's operator Deployment is rolled out (its pods Ready on the node)."""
+    try:
+        kubectl(kubeconfig, "-n", OPERATOR_NAMESPACE, "rollout", "status", f"deployment/{OPERATOR_DEPLOYMENT}",
+                f"--timeout={int(timeout)}s")
+    except ControlPlaneError as exc:
+        pods = kubectl(kubeconfig, "-n", OPERATOR_NAMESPACE, "get", "pods", "-o", "wide", check=False)
+        raise ControlPlaneError(f"{exc}\n{pods}") from exc
+
+
+def up(workdir: Path, *, clean: bool = False, images: Any = None) -> Started:
+    """Start everything, resuming a stopped cluster in workdir unless ``clean``: the control
+    plane with its node, the CRDs, the chart (the operator as a Deployment of the project's
+    image on the node), and the examples' upstream with its Service."""
     workdir.mkdir(parents=True, exist_ok=True)
     start = resume_or_clean(workdir, clean=clean)
     try:
-        cp = ControlPlane(workdir / "cluster").start()
+        cp = ControlPlane(workdir / "cluster", node=True, images=images).start()
     except ControlPlaneError as exc:
         if not start.resume:
             raise
         raise ControlPlaneError(f"the stopped cluster in {workdir / 'cluster'} did not start again "
                                 f"({exc}); `unwind dev up --clean` starts over, deleting its "
                                 "data") from exc
-    # Injection and undo Jobs need an image name; the node stand-in runs their commands.
-    op = OperatorProcess(workdir / "operator.kubeconfig", workdir / "operator.log",
-                         ("--trusted-appliers=admin", f"--gateway-image={DEV_IMAGE}"),
-                         webhook_port=free_ports(1)[0])
-    node: subprocess.Popen[bytes] | None = None
     try:
+        # first: its fixed address must not have been handed to another Service yet
+        kubectl(cp.kubeconfig, "apply", "-f", str(UPSTREAM_SERVICE))
         install_crds(cp.kubeconfig)
-        chart = install_chart(cp.kubeconfig, local_values(op.webhook_port))
-        service_account_kubeconfig(cp, op.kubeconfig)
-        op.start(detach=True)
-        node = start_node(cp.kubeconfig, workdir)
+        chart = install_chart(cp.kubeconfig, node_values())
+        wait_operator(cp.kubeconfig)
     except BaseException:
-        op.stop()
         cp.stop()
         raise
-    assert op.proc is not None
-    (workdir / "operator.pid").write_text(str(op.proc.pid))
-    (workdir / "node.pid").write_text(str(node.pid))
     upstream = start_upstream(workdir)
     if upstream is not None:
         (workdir / "upstream.pid").write_text(str(upstream.pid))
-    return Started(cp, op.proc.pid, start, chart, upstream is not None)
+    return Started(cp, start, chart, upstream is not None)
 
 
 def start_upstream(workdir: Path) -> subprocess.Popen[bytes] | None:
-    """The test upstream the examples call (a fake GitHub and Stripe) on 127.0.0.1:8788,
+    """The test upstream the examples call (a fake GitHub and Stripe) on port 8788 of the
+    node's address (pods reach it through the Service in UPSTREAM_SERVICE) and of 127.0.0.1,
     from this clone's tests/; None when there is no such file or the port is taken."""
     if not (ROOT / "tests" / "upstream" / "server.py").is_file():
         return None
-    with socket.socket() as probe:
-        if probe.connect_ex(("127.0.0.1", UPSTREAM_PORT)) == 0:
-            return None
+    for host in UPSTREAM_HOSTS:
+        with socket.socket() as probe:
+            if probe.connect_ex((host, UPSTREAM_PORT)) == 0:
+                return None
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "operator"), str(ROOT)])}
+    hosts = [arg for host in UPSTREAM_HOSTS for arg in ("--host", host)]
     with (workdir / "upstream.log").open("ab") as out:
-        return subprocess.Popen([sys.executable, "-m", "tests.upstream.server", "--port", str(UPSTREAM_PORT)],
+        proc = subprocess.Popen([sys.executable, "-m", "tests.upstream.server", *hosts, "--port", str(UPSTREAM_PORT)],
                                 cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 env=env, start_new_session=True)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and proc.poll() is None:
+        with socket.socket() as probe:
+            if probe.connect_ex((UPSTREAM_HOSTS[0], UPSTREAM_PORT)) == 0:
+                return proc
+        time.sleep(0.2)
+    raise ControlPlaneError(f"the examples' upstream did not start; log {workdir / 'upstream.log'}")
 
 
 def start_node(kubeconfig: Path, workdir: Path) -> subprocess.Popen[bytes]:
-    """``unwind dev node`` detached, its containers' output kept in ``workdir/pods``."""
+    """``unwind dev node`` (the kubelet stand-in) detached, its containers' output kept in
+    ``workdir/pods``; only a few fast tests use it now."""
     env = {**os.environ, "KUBECONFIG": str(kubeconfig), "PYTHONUNBUFFERED": "1",
            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "operator"), os.environ.get("PYTHONPATH")]))}
     with (workdir / "node.log").open("ab") as out:

@@ -88,13 +88,13 @@ def tool_resources(upstream_url: str) -> list[dict[str, Any]]:
     namespace: applied into the one given), reaching ``upstream_url``."""
     out: list[dict[str, Any]] = []
     for path in (ROOT / "manifests/code-hosting.yaml", ROOT / "manifests/payments.yaml"):
-        text = path.read_text().replace("http://127.0.0.1:8788", upstream_url)
+        text = path.read_text().replace("http://127.0.0.1:8788", upstream_url).replace("http://10.0.0.88:8788", upstream_url)
         for doc in yaml.safe_load_all(text):
             if isinstance(doc, dict) and doc.get("kind") == "ToolManifest":
                 doc["metadata"].pop("namespace", None)
                 out.append(doc)
     extra = yaml.safe_load((ROOT / "tests/rollback/extra.yaml").read_text()
-                           .replace("http://127.0.0.1:8788", upstream_url))
+                           .replace("http://127.0.0.1:8788", upstream_url).replace("http://10.0.0.88:8788", upstream_url))
     for spec in extra:
         out.append({"apiVersion": "unwind.dev/v1alpha1", "kind": "ToolManifest",
                     "metadata": {"name": spec["tool"].replace("_", "-")}, "spec": spec})

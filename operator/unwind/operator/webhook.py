@@ -65,7 +65,10 @@ class TLSKeeper:
                 await asyncio.to_thread(self.converge)
             except Exception as exc:  # retried: a webhook with the previous certificate still serves
                 log.warning("webhook TLS: %s", exc)
-            await asyncio.sleep(self.interval())
+            # Not serving yet (e.g. another replica starting at the same moment patched the
+            # caBundle first, and our conditional patch was refused): try again at once, not
+            # in a minute, or this replica's webhooks stay closed that long.
+            await asyncio.sleep(self.interval() if self.ready.is_set() else 1.0)
 
     def converge(self) -> None:
         data = self._read()

@@ -1,0 +1,239 @@
+"""Unwind on a real node: `unwind dev up` as README runs it, every part in containers.
+
+One dev cluster for the module (the control plane, a kubelet with containerd and runc, the
+scheduler and kube-proxy, the project's image imported into the node's containerd), started
+with :func:`unwind.controlplane.dev.up` exactly as ``scripts/dev-up.sh`` does. On it:
+
+- the operator is the chart's Deployment of the image (two replicas; a killed leader pod
+  hands over to the other);
+- README's story (manifests/, examples/demo-agent.yaml unchanged, plan, rollback Jobs) runs
+  in containers, and the demo pod completes;
+- a labelled pod that uses the default token mount (kube-api-access-*, as clusters from 1.22
+  on give) is injected, and its agent finds no token; an agent run as a Job completes.
+
+One node runs per machine (kube-proxy owns the host's KUBE-* chains), so the module's
+cluster is stopped before any other test starts one.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from cluster_helpers import wait_for
+from kubernetes import client, config
+
+from unwind.controlplane import kubenode
+from unwind.controlplane.dev import (
+    OPERATOR_DEPLOYMENT,
+    OPERATOR_NAMESPACE,
+    ROOT,
+    Started,
+    down,
+    kubectl,
+    up,
+)
+from unwind.operator.inject import CONTAINER
+
+SA_TOKEN_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+
+
+@pytest.fixture(scope="module")
+def dev(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Started]:
+    workdir = tmp_path_factory.mktemp("dev")
+    try:
+        started = up(workdir)
+    except BaseException:
+        down(workdir)
+        raise
+    try:
+        yield started
+    finally:
+        down(workdir)
+        left = kubenode.clean_host(started.control_plane.node_dirs, started.control_plane.node_dirs.root / "host.json")
+        assert left == [], left
+
+
+@pytest.fixture(scope="module")
+def kc(dev: Started) -> Path:
+    return dev.control_plane.kubeconfig
+
+
+@pytest.fixture(scope="module")
+def api(kc: Path) -> Iterator[client.ApiClient]:
+    api = config.new_client_from_config(config_file=str(kc))
+    try:
+        yield api
+    finally:
+        api.close()
+
+
+@pytest.fixture(scope="module")
+def manifests(kc: Path) -> None:
+    kubectl(kc, "apply", "-f", str(ROOT / "manifests"))
+    kubectl(kc, "wait", "--for=condition=Ready", "toolmanifests", "--all", "-A", "--timeout=120s")
+
+
+def pod_phase(api: client.ApiClient, namespace: str, name: str) -> str:
+    return str(client.CoreV1Api(api).read_namespaced_pod(name, namespace).status.phase)
+
+
+def finished(api: client.ApiClient, namespace: str, name: str, timeout: float = 120) -> str:
+    return str(wait_for(f"pod {namespace}/{name} finished", lambda: (
+        p := pod_phase(api, namespace, name)) in ("Succeeded", "Failed") and p, timeout=timeout))
+
+
+def plugin(kc: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(ROOT / ".venv" / "bin" / "kubectl-unwind"), *args, f"--kubeconfig={kc}"],
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_the_node_is_ready_with_containerd_and_the_operator_runs_as_the_charts_deployment(
+        kc: Path, api: client.ApiClient) -> None:
+    nodes = kubectl(kc, "get", "nodes", "-o", "wide").splitlines()
+    assert nodes[0].split()[:2] == ["NAME", "STATUS"]
+    row = nodes[1].split()
+    assert row[0] == kubenode.NODE_NAME and row[1] == "Ready"
+    assert row[5] == kubenode.NODE_ADDRESS and nodes[1].rstrip().split()[-1].startswith("containerd://")
+    pods = client.CoreV1Api(api).list_namespaced_pod(OPERATOR_NAMESPACE).items
+    operators = [p for p in pods if p.metadata.name.startswith(OPERATOR_DEPLOYMENT)]
+    assert len(operators) == 2, [p.metadata.name for p in pods]  # the chart's default replicas
+    for pod in operators:
+        assert pod.status.phase == "Running" and pod.spec.node_name == kubenode.NODE_NAME
+        (status,) = pod.status.container_statuses
+        assert status.ready and status.container_id.startswith("containerd://")
+        assert status.image.endswith("unwind:dev")
+    # kubectl logs goes through the kubelet, which asks the API server who may read them
+    assert kubectl(kc, "-n", OPERATOR_NAMESPACE, "logs", operators[0].metadata.name).strip()
+    # forwarding stays off: nothing a pod sends is routed off this machine
+    assert Path("/proc/sys/net/ipv4/ip_forward").read_text().strip() == "0"
+
+
+def test_the_readme_story_runs_in_containers_and_the_demo_pod_completes(
+        kc: Path, api: client.ApiClient, manifests: None) -> None:
+    kubectl(kc, "apply", "-f", str(ROOT / "examples" / "demo-agent.yaml"))
+    phase = finished(api, "code-hosting", "demo-run")
+    said = kubectl(kc, "-n", "code-hosting", "logs", "demo-run", "-c", "agent")
+    gateway_log = kubectl(kc, "-n", "code-hosting", "logs", "demo-run", "-c", CONTAINER, check=False)
+    assert phase == "Succeeded", said + gateway_log
+    assert "github.create_comment: 200 reversible, ledger demo-run entry comment-1; " \
+           "undo: inverse github.delete_comment" in said, said
+    assert "github.create_issue: 200 compensable, ledger demo-run entry issue-1" in said
+    assert "github.create_release: 200 irreversible" in said
+    pod = client.CoreV1Api(api).read_namespaced_pod("demo-run", "code-hosting")
+    assert {s.name: s.state.terminated.exit_code for s in pod.status.container_statuses} == {
+        "agent": 0, CONTAINER: 0}
+    assert all(s.container_id.startswith("containerd://") for s in pod.status.container_statuses)
+
+    plan = plugin(kc, "plan", "ledger/demo-run", "-n", "code-hosting", "--json")
+    assert plan.returncode == 0, plan.stderr
+    assert [s["undo_tool"] for s in json.loads(plan.stdout)["steps"]] == [
+        "github.delete_release", "github.close_issue", "github.delete_comment"]
+    ran = plugin(kc, "rollback", "ledger/demo-run", "-n", "code-hosting", "--reason", "the agent misbehaved",
+                 "--watch", "--timeout", "240s")
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    assert "ledger/demo-run: rolled back: 3 steps ran" in ran.stdout, ran.stdout
+    ledger = json.loads(kubectl(kc, "-n", "code-hosting", "get", "ledger", "demo-run", "-o", "json"))
+    assert {c["type"]: c["status"] for c in ledger["status"]["conditions"]}["RolledBack"] == "True"
+    jobs = client.CoreV1Api(api).list_namespaced_pod("code-hosting", label_selector="job-name").items
+    assert len(jobs) >= 3
+    for job_pod in jobs:  # each undo ran in a container of the image, and ended well
+        (status,) = job_pod.status.container_statuses
+        assert status.container_id.startswith("containerd://") and status.image.endswith("unwind:dev")
+        assert status.state.terminated is not None
+
+
+def agent_pod(name: str, namespace: str, script: str, *, labelled: bool = True) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": namespace,
+                         "labels": {"unwind.dev/inject": "true"} if labelled else {}},
+            "spec": {"restartPolicy": "Never", "containers": [{
+                "name": "agent", "image": "unwind:dev", "command": ["python", "-c", script],
+                "securityContext": {"runAsNonRoot": True, "allowPrivilegeEscalation": False,
+                                    "capabilities": {"drop": ["ALL"]},
+                                    "seccompProfile": {"type": "RuntimeDefault"}}}]}}
+
+
+LOOK_FOR_TOKEN = f"""
+import os
+print("TOKEN", "present" if os.path.exists("{SA_TOKEN_DIR}/token") else "absent")
+"""
+
+
+def test_a_pod_with_the_default_token_mount_is_injected_and_its_agent_holds_no_token(
+        kc: Path, api: client.ApiClient, manifests: None) -> None:
+    core = client.CoreV1Api(api)
+    plain = agent_pod("plain", "code-hosting", LOOK_FOR_TOKEN, labelled=False)
+    labelled = agent_pod("labelled", "code-hosting", LOOK_FOR_TOKEN)
+    kubectl(kc, "apply", "-f", "-", input_text=yaml.safe_dump_all([plain]))
+    # what the ServiceAccount admission plugin gives a pod here, as on clusters from 1.22 on
+    volumes = core.read_namespaced_pod("plain", "code-hosting").spec.volumes
+    assert any(v.name.startswith("kube-api-access-") and v.projected for v in volumes), volumes
+    assert finished(api, "code-hosting", "plain") == "Succeeded"
+    assert "TOKEN present" in kubectl(kc, "-n", "code-hosting", "logs", "plain")
+
+    kubectl(kc, "apply", "-f", "-", input_text=yaml.safe_dump_all([labelled]))
+    pod = core.read_namespaced_pod("labelled", "code-hosting")
+    assert CONTAINER in [c.name for c in [*pod.spec.containers, *(pod.spec.init_containers or [])]]
+    agent = next(c for c in pod.spec.containers if c.name == "agent")
+    assert not any(m.mount_path == SA_TOKEN_DIR for m in agent.volume_mounts or [])
+    said = wait_for("the agent's answer", lambda: "TOKEN" in (
+        out := kubectl(kc, "-n", "code-hosting", "logs", "labelled", "-c", "agent", check=False)) and out,
+        timeout=90)
+    assert "TOKEN absent" in said
+    core.delete_namespaced_pod("labelled", "code-hosting", grace_period_seconds=0)
+
+
+def test_an_agent_run_as_a_job_completes_with_its_gateway(kc: Path, api: client.ApiClient, manifests: None) -> None:
+    demo = [d for d in yaml.safe_load_all((ROOT / "examples" / "demo-agent.yaml").read_text()) if d]
+    pod = demo[-1]
+    name = f"agent-job-{uuid.uuid4().hex[:6]}"
+    job = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": name, "namespace": "code-hosting"},
+           "spec": {"backoffLimit": 0, "template": {
+               "metadata": {"labels": pod["metadata"]["labels"],
+                            "annotations": {"unwind.dev/run": name}},
+               "spec": {**pod["spec"], "containers": [{**pod["spec"]["containers"][0], "env": [{
+                   "name": "UNWIND_DEMO_CALLS", "value": json.dumps([{
+                       "tool": "github.create_comment", "key": "job-comment",
+                       "arguments": {"repo": "octo/hello", "issue": 7, "client_id": name, "body": "from a Job"}}])}]}]}}}}
+    kubectl(kc, "apply", "-f", "-", input_text=yaml.safe_dump_all([job]))
+    batch = client.BatchV1Api(api)
+    done = wait_for(f"Job {name} complete", lambda: next((
+        c.type for c in (batch.read_namespaced_job(name, "code-hosting").status.conditions or [])
+        if c.status == "True"), None), timeout=150)
+    assert done == "Complete"
+    ledger = json.loads(kubectl(kc, "-n", "code-hosting", "get", "ledger", name, "-o", "json"))
+    assert [(e["id"], e["state"]) for e in ledger["status"]["entries"]] == [("job-comment", "succeeded")]
+
+
+def test_killing_the_leader_pod_hands_the_reconcile_over_to_the_other_replica(
+        kc: Path, api: client.ApiClient, manifests: None) -> None:
+    coord = client.CoordinationV1Api(api)
+
+    def holder() -> str:
+        return str(coord.read_namespaced_lease("unwind-operator", OPERATOR_NAMESPACE).spec.holder_identity or "")
+
+    first = wait_for("a leader", holder, timeout=60)
+    pods = [p.metadata.name for p in client.CoreV1Api(api).list_namespaced_pod(OPERATOR_NAMESPACE).items]
+    leader_pod = next(p for p in pods if p in first)
+    client.CoreV1Api(api).delete_namespaced_pod(leader_pod, OPERATOR_NAMESPACE, grace_period_seconds=0)
+    second = wait_for("another leader", lambda: (h := holder()) and leader_pod not in h and h, timeout=90)
+    assert second != first
+    # the new leader reconciles: a manifest applied now becomes Ready
+    name = f"handover-{uuid.uuid4().hex[:6]}"
+    kubectl(kc, "apply", "-f", "-", input_text=yaml.safe_dump({
+        "apiVersion": "unwind.dev/v1alpha1", "kind": "ToolManifest",
+        "metadata": {"name": name, "namespace": "code-hosting"},
+        "spec": {"tool": f"test.{name.replace('-', '_')}", "effect": "read_only", "permission": "repo:read",
+                 "lifecycle": "approved",
+                 "upstream": {"url": "http://10.0.0.88:8788/issues/1", "method": "GET"}}}))
+    started = time.monotonic()
+    kubectl(kc, "-n", "code-hosting", "wait", "--for=condition=Ready", f"toolmanifest/{name}", "--timeout=90s")
+    assert time.monotonic() - started < 90
