@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Thin wrapper around unwind.controlplane for CI and people.
-#   bash scripts/controlplane.sh build          install Debian packages if missing, build and cache
-#                                               kube-apiserver + kube-controller-manager (minutes, once)
+#   bash scripts/controlplane.sh build          install Debian packages if missing, build and cache the
+#                                               control plane's and the node's binaries (minutes, once)
 #   bash scripts/controlplane.sh up DIR         start a control plane in DIR (kubeconfig: DIR/kubeconfig)
 #   bash scripts/controlplane.sh down DIR       stop the control plane started in DIR
 set -euo pipefail

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Run Unwind for real on this machine: install, start the local control plane (etcd,
-# kube-apiserver, kube-controller-manager) with the CRDs, the Helm chart and the operator,
-# then `kubectl apply -f manifests/` and wait until every ToolManifest is Ready.
+# kube-apiserver, kube-controller-manager) and its node (kubelet, containerd, scheduler,
+# kube-proxy), install the CRDs and the Helm chart (the operator as a Deployment of the image
+# built here, on that node), then `kubectl apply -f manifests/` and wait until every
+# ToolManifest is Ready.
 # Stop it with: .venv/bin/unwind dev down
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

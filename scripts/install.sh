@@ -19,5 +19,10 @@ if [ ! -f "$stamp" ]; then
   .venv/bin/pip install --quiet -e '.[dev]'
   rm -f .venv/.installed-* && touch "$stamp"
 fi
+# The images beside the binaries: debootstrap mostly waits on downloads while make compiles.
+# The build installs the Debian packages both need first (buildah and debootstrap included).
+.venv/bin/python -m unwind.controlplane.build --packages-only
+.venv/bin/python -m unwind.controlplane.image &
+images=$!
 .venv/bin/python -m unwind.controlplane.build
-.venv/bin/python -m unwind.controlplane.image
+wait "$images"

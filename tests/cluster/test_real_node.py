@@ -167,6 +167,26 @@ print("TOKEN", "present" if os.path.exists("{SA_TOKEN_DIR}/token") else "absent"
 """
 
 
+READ_ROUTES = """
+import socket, struct
+for line in open("/proc/net/route").read().splitlines()[1:]:
+    f = line.split()
+    ip = lambda h: socket.inet_ntoa(struct.pack("<I", int(h, 16)))
+    print("ROUTE", ip(f[1]), ip(f[7]), ip(f[2]))
+"""
+
+
+def test_a_pod_has_no_default_route_only_the_pod_and_service_ranges(kc: Path, api: client.ApiClient) -> None:
+    # nothing a pod sends can be routed off this machine: it has no route to anywhere else
+    kubectl(kc, "apply", "-f", "-", input_text=yaml.safe_dump(agent_pod("routes", "default", READ_ROUTES,
+                                                                         labelled=False)))
+    assert finished(api, "default", "routes") == "Succeeded"
+    routes = sorted(line.split()[1:] for line in kubectl(kc, "-n", "default", "logs", "routes").splitlines()
+                    if line.startswith("ROUTE"))
+    assert routes == sorted([["10.244.0.0", "255.255.255.0", "0.0.0.0"],
+                             ["10.0.0.0", "255.255.255.0", kubenode.NODE_ADDRESS]]), routes
+
+
 def test_a_pod_with_the_default_token_mount_is_injected_and_its_agent_holds_no_token(
         kc: Path, api: client.ApiClient, manifests: None) -> None:
     core = client.CoreV1Api(api)

@@ -39,6 +39,14 @@ def test_two_nodes_folders_get_two_socket_folders(tmp_path: Path) -> None:
     assert NodeDirs(tmp_path / "a").run != NodeDirs(tmp_path / "b").run
 
 
+def test_the_kubelets_sockets_fit_a_unix_socket_path_however_deep_the_work_directory(tmp_path: Path) -> None:
+    # seen: F... Failed to create listener for podResources endpoint: listen unix
+    # /tmp/pytest-of-root/pytest-15/test_up_after_down_resumes_the0/dev/cluster/node/kubelet/pod-resources/...
+    dirs = NodeDirs(tmp_path / ("deep-" * 30) / "cluster" / "node")
+    longest = dirs.kubelet_root / "pod-resources" / "4033583363"
+    assert len(str(longest)) < 100
+
+
 def test_the_kubelet_serves_only_clients_the_api_server_vouches_for(tmp_path: Path) -> None:
     args = kubenode.kubelet_args(Path("/bin/kubelet"), NodeDirs(tmp_path), tmp_path / "kc", tmp_path / "ca.crt",
                                  "localhost/unwind-pause:1")
@@ -47,7 +55,10 @@ def test_the_kubelet_serves_only_clients_the_api_server_vouches_for(tmp_path: Pa
     assert "--read-only-port=0" in args  # the unauthenticated port is off
     assert f"--node-ip={kubenode.NODE_ADDRESS}" in args and "--container-runtime=remote" in args
     assert "--image-gc-high-threshold=100" in args  # imported images cannot be pulled again
-    assert all(str(tmp_path) in a for a in args if a.startswith(("--root-dir=", "--cert-dir=")))
+    dirs = NodeDirs(tmp_path)
+    assert f"--root-dir={dirs.kubelet_root}" in args and f"--cert-dir={tmp_path / 'pki'}" in args
+    # its own work directory is in its command line: a pid is checked to be the one started
+    assert any(str(tmp_path) in a for a in args)
 
 
 def test_kube_proxy_listens_on_loopback_only() -> None:

@@ -263,7 +263,18 @@ def ensure_binaries(version: str = KUBE_VERSION) -> BinPaths:
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if args and args[0] in ("-h", "--help"):
-        print("usage: python -m unwind.controlplane.build  # install packages, build and cache")
+        print("usage: python -m unwind.controlplane.build [--packages-only]  # install packages, "
+              "build and cache")
+        return 0
+    if args and args[0] == "--packages-only":
+        logs = cache_root() / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        try:
+            with _lock():
+                ensure_packages(logs / f"packages-{time.strftime('%Y%m%d-%H%M%S')}.log")
+        except BuildError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
         return 0
     try:
         bins = ensure_binaries()

@@ -16,6 +16,7 @@ every stored token invalid.
 from __future__ import annotations
 
 import base64
+import contextlib
 import datetime as dt
 import json
 import secrets
@@ -280,6 +281,9 @@ class ControlPlane:
         tokens.write_text("\n".join(lines) + "\n")
         tokens.chmod(0o600)
         etcd_client, etcd_peer, api_port = free_ports(3)
+        kept_port = self._kept_api_port(wd)
+        if kept_port is not None:
+            api_port = kept_port
         self._server = f"https://{self.address}:{api_port}"
         make_token_kubeconfig(self._server, pki.ca_cert, self._token, self.kubeconfig, user="admin")
         self._state = {"server": self._server, "kubeconfig": str(self.kubeconfig), "pids": {},
@@ -328,6 +332,8 @@ class ControlPlane:
             "--allow-privileged=true", "--profiling=false",
         ])
         self._wait("kube-apiserver", lambda: self._get(f"{self._server}/readyz") == b"ok")
+        if self.node:
+            self._keep_kubernetes_endpoint(wd, api_port)
 
         self._spawn("kube-controller-manager", [
             str(bins.kube_controller_manager),
@@ -368,6 +374,44 @@ class ControlPlane:
         self._wait("kube-scheduler", lambda: True)  # still running
         if (why := kubenode.check_no_forwarding()) is not None:
             raise ControlPlaneError(f"the node turned forwarding on: {why}")
+
+    def _keep_kubernetes_endpoint(self, wd: Path, port: int) -> None:
+        """Record the port; when the kept one could not be had, drop the stale `kubernetes`
+        Endpoints, which the API server then writes again with its new port."""
+        record = wd / "api-port"
+        try:
+            before = int(record.read_text())
+        except (OSError, ValueError):
+            before = port
+        if before != port:
+            req = urllib.request.Request(f"{self._server}/api/v1/namespaces/default/endpoints/kubernetes",
+                                         method="DELETE", headers={"Authorization": f"Bearer {self._token}"})
+            ctx = ssl.create_default_context(cafile=str(self.ca_file))
+            with contextlib.suppress(urllib.error.URLError, OSError):
+                urllib.request.urlopen(req, timeout=10, context=ctx).close()
+        record.write_text(f"{port}\n")
+
+    def _kept_api_port(self, wd: Path) -> int | None:
+        """With a node, the API server keeps its port across restarts of a work directory:
+        the `kubernetes` Service's endpoint (what every pod dials at 10.0.0.1:443) was
+        stored with it, and an API server on another port leaves that endpoint stale. The
+        port is recorded in ``api-port``; None when there is none or it is taken now."""
+        if not self.node:
+            return None
+        record = wd / "api-port"
+        try:
+            port = int(record.read_text())
+        except (OSError, ValueError):
+            return None
+        with socket.socket() as probe:
+            # as the API server binds (Go sets SO_REUSEADDR): its old connections in TIME_WAIT
+            # do not make the port taken
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind((self.address, port))
+            except OSError:
+                return None
+        return port
 
     def _spawn(self, name: str, argv: list[str]) -> None:
         sig = signal.SIGTERM if name == "etcd" else signal.SIGKILL

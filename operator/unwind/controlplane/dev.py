@@ -241,7 +241,10 @@ class Start(NamedTuple):
 
 # What ``up`` starts beside the control plane: pid file stem -> (how it is named, words
 # its command line holds, so a pid reused by another process is never signalled).
-DAEMONS = {"upstream": ("the examples' upstream", (b"tests.upstream.server",))}
+DAEMONS = {"upstream": ("the examples' upstream", (b"tests.upstream.server",)),
+           # started by `dev up` before the node ran the operator: still stopped by `down`
+           "operator": ("the operator (as a process)", (b"unwind.cli.main", b"operator")),
+           "node": ("the kubelet stand-in", (b"unwind.cli.main", b"node"))}
 UPSTREAM_PORT = 8788  # where manifests/ point, through the Service in UPSTREAM_SERVICE
 UPSTREAM_HOSTS = (kubenode.NODE_ADDRESS, "127.0.0.1")  # for pods, and for a gateway on this machine
 UPSTREAM_SERVICE = ROOT / "examples" / "upstream-service.yaml"
@@ -324,14 +327,38 @@ def node_values(trusted: tuple[str, ...] = ("admin",)) -> dict[str, object]:
             "operator": {"trustedAppliers": list(trusted)}}
 
 
-def wait_operator(kubeconfig: Path, timeout: float = 240) -> None:
-    """Until the chart's operator Deployment is rolled out (its pods Ready on the node)."""
+def wait_operator(kubeconfig: Path, since: float, timeout: float = 240) -> None:
+    """Until the chart's operator Deployment is rolled out and each of its pods runs a
+    container started after ``since`` (epoch seconds), Ready: on a resumed cluster the
+    stored status still says Ready for containers the stopped node no longer has, and a
+    pod admitted while the webhooks do not answer gets no gateway (they fail open)."""
+    deadline = time.monotonic() + timeout
     try:
         kubectl(kubeconfig, "-n", OPERATOR_NAMESPACE, "rollout", "status", f"deployment/{OPERATOR_DEPLOYMENT}",
                 f"--timeout={int(timeout)}s")
+        while time.monotonic() < deadline:
+            pods = json.loads(kubectl(kubeconfig, "-n", OPERATOR_NAMESPACE, "get", "pods", "-o", "json",
+                                      f"--selector=app.kubernetes.io/instance={RELEASE}"))["items"]
+            if pods and all(_fresh_and_ready(p, since) for p in pods):
+                return
+            time.sleep(1)
+        raise ControlPlaneError(f"the operator's pods were not Ready again within {timeout:.0f}s")
     except ControlPlaneError as exc:
-        pods = kubectl(kubeconfig, "-n", OPERATOR_NAMESPACE, "get", "pods", "-o", "wide", check=False)
-        raise ControlPlaneError(f"{exc}\n{pods}") from exc
+        pods_table = kubectl(kubeconfig, "-n", OPERATOR_NAMESPACE, "get", "pods", "-o", "wide", check=False)
+        raise ControlPlaneError(f"{exc}\n{pods_table}") from exc
+
+
+def _fresh_and_ready(pod: dict[str, Any], since: float) -> bool:
+    import datetime as dt
+
+    statuses = (pod.get("status") or {}).get("containerStatuses") or []
+    for status in statuses:
+        started = ((status.get("state") or {}).get("running") or {}).get("startedAt")
+        if not (status.get("ready") and started):
+            return False
+        if dt.datetime.fromisoformat(started.replace("Z", "+00:00")).timestamp() < since - 1:
+            return False
+    return bool(statuses)
 
 
 def up(workdir: Path, *, clean: bool = False, images: Any = None) -> Started:
@@ -340,6 +367,7 @@ def up(workdir: Path, *, clean: bool = False, images: Any = None) -> Started:
     image on the node), and the examples' upstream with its Service."""
     workdir.mkdir(parents=True, exist_ok=True)
     start = resume_or_clean(workdir, clean=clean)
+    since = time.time()
     try:
         cp = ControlPlane(workdir / "cluster", node=True, images=images).start()
     except ControlPlaneError as exc:
@@ -353,7 +381,7 @@ def up(workdir: Path, *, clean: bool = False, images: Any = None) -> Started:
         kubectl(cp.kubeconfig, "apply", "-f", str(UPSTREAM_SERVICE))
         install_crds(cp.kubeconfig)
         chart = install_chart(cp.kubeconfig, node_values())
-        wait_operator(cp.kubeconfig)
+        wait_operator(cp.kubeconfig, since)
     except BaseException:
         cp.stop()
         raise

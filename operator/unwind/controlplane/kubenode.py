@@ -65,8 +65,10 @@ class NodeError(RuntimeError):
 
 @dataclass(frozen=True)
 class NodeDirs:
-    """Where a node keeps its state: under the control plane's work directory, except the
-    sockets, which live under /run (a unix socket path is limited to 107 bytes)."""
+    """Where a node keeps its state: under the control plane's work directory, except what
+    holds unix sockets (a socket's path is limited to 107 bytes, and a work directory under
+    pytest's temporary folders is long): containerd's state and socket and the kubelet's root
+    (its pod-resources and plugin sockets), under /run/unwind/<hash of the root>/."""
 
     root: Path
 
@@ -88,7 +90,7 @@ class NodeDirs:
 
     @property
     def kubelet_root(self) -> Path:
-        return self.root / "kubelet"
+        return self.run / "kubelet"
 
 
 def missing_packages() -> list[str]:
