@@ -221,9 +221,10 @@ def _build(version: str, log: Path) -> None:
 
 
 @contextmanager
-def _lock() -> Iterator[None]:
+def cache_lock(name: str = "build") -> Iterator[None]:
+    """One process at a time builds into the cache (``cache_root()/.NAME.lock``)."""
     cache_root().mkdir(parents=True, exist_ok=True)
-    with (cache_root() / ".build.lock").open("w") as fh:
+    with (cache_root() / f".{name}.lock").open("w") as fh:
         fcntl.flock(fh, fcntl.LOCK_EX)
         try:
             yield
@@ -239,7 +240,7 @@ def ensure_binaries(version: str = KUBE_VERSION) -> BinPaths:
     found = cached_binaries(version)
     if found:
         return found
-    with _lock():
+    with cache_lock():
         found = cached_binaries(version)  # another process may have built it meanwhile
         if found:
             return found
@@ -270,7 +271,7 @@ def main(argv: list[str] | None = None) -> int:
         logs = cache_root() / "logs"
         logs.mkdir(parents=True, exist_ok=True)
         try:
-            with _lock():
+            with cache_lock():
                 ensure_packages(logs / f"packages-{time.strftime('%Y%m%d-%H%M%S')}.log")
         except BuildError as exc:
             print(f"error: {exc}", file=sys.stderr)

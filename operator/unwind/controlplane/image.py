@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import argparse
 import configparser
-import fcntl
 import hashlib
 import json
 import os
@@ -47,12 +46,12 @@ import sys
 import tarfile
 import tempfile
 import time
-from collections.abc import Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Iterable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .build import BuildError, cache_root
+from .build import BuildError, cache_lock, cache_root
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -692,15 +691,8 @@ def _build_pause(log: _Log, img: BuiltImage, seconds: dict[str, float]) -> None:
     seconds["pause"] = round(time.monotonic() - t0, 1)
 
 
-@contextmanager
-def _lock() -> Iterator[None]:
-    cache_root().mkdir(parents=True, exist_ok=True)
-    with (cache_root() / ".image.lock").open("w") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
+def _lock() -> AbstractContextManager[None]:
+    return cache_lock("image")  # apart from the kube build's: neither waits for the other
 
 
 def planned_images(root: Path = ROOT) -> Images:

@@ -33,6 +33,7 @@ import os
 import shlex
 import shutil
 import subprocess
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -351,21 +352,27 @@ def remove_bridge() -> None:
     _ip("route", "del", "local", SERVICE_RANGE, "dev", "lo", check=False)
 
 
+def _processes() -> Iterator[tuple[int, list[bytes]]]:
+    """(pid, command line) of every process that can be read."""
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                argv = (proc / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if argv and argv[0]:
+                yield int(proc.name), argv
+
+
 def kill_shims(dirs: NodeDirs) -> None:
     """The containerd shims of this node (they outlive containerd) and their containers."""
     sock = str(dirs.containerd_socket).encode()
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            argv = (proc / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if argv and argv[0].endswith(b"containerd-shim-runc-v2") and sock in argv:
+    for pid, argv in _processes():
+        if argv[0].endswith(b"containerd-shim-runc-v2") and sock in argv:
             with contextlib.suppress(OSError):
-                os.killpg(int(proc.name), 9)
+                os.killpg(pid, 9)
             with contextlib.suppress(OSError):
-                os.kill(int(proc.name), 9)
+                os.kill(pid, 9)
 
 
 def clean_host(dirs: NodeDirs, state: Path) -> list[str]:
@@ -406,15 +413,9 @@ def clean_host(dirs: NodeDirs, state: Path) -> list[str]:
 
 def node_in_use() -> str | None:
     """Another node on this machine (a kubelet on the node's address), or None."""
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            argv = (proc / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if argv and Path(argv[0].decode(errors="replace")).name == "kubelet" and \
+    for pid, argv in _processes():
+        if Path(argv[0].decode(errors="replace")).name == "kubelet" and \
                 f"--node-ip={NODE_ADDRESS}".encode() in argv:
             root = next((a.decode() for a in argv if a.startswith(b"--root-dir=")), "?")
-            return f"a kubelet (pid {proc.name}, {root}) already runs a node on this machine"
+            return f"a kubelet (pid {pid}, {root}) already runs a node on this machine"
     return None
