@@ -148,6 +148,13 @@ def test_the_readme_story_runs_in_containers_and_the_demo_pod_completes(
         (status,) = job_pod.status.container_statuses
         assert status.container_id.startswith("containerd://") and status.image.endswith("unwind:dev")
         assert status.state.terminated is not None
+    # Pods came and went on the bridge: its address stayed (a bridge takes its lowest port's
+    # MAC otherwise, the other pods' ARP entries went stale, and both operator replicas were
+    # killed by their liveness probes), and the operator never restarted.
+    assert Path(f"/sys/class/net/{kubenode.BRIDGE}/address").read_text().strip() == kubenode.BRIDGE_MAC
+    operators = client.CoreV1Api(api).list_namespaced_pod(OPERATOR_NAMESPACE).items
+    assert {p.metadata.name: p.status.container_statuses[0].restart_count for p in operators} == {
+        p.metadata.name: 0 for p in operators}
 
 
 def agent_pod(name: str, namespace: str, script: str, *, labelled: bool = True) -> dict[str, Any]:

@@ -39,6 +39,7 @@ from pathlib import Path
 
 NODE_NAME = "unwind-node"
 BRIDGE = "unwind0"
+BRIDGE_MAC = "02:75:77:0a:f4:01"  # locally administered, fixed: see setup_network
 NODE_ADDRESS = "10.244.0.1"  # the bridge's address: the node's and the API server's
 POD_SUBNET = "10.244.0.0/24"
 SERVICE_RANGE = "10.0.0.0/24"
@@ -253,6 +254,12 @@ def setup_network(state: Path) -> None:
         state.write_text(json.dumps({"route_localnet": ROUTE_LOCALNET.read_text().strip()}) + "\n")
     if not bridge_exists():
         _ip("link", "add", "name", BRIDGE, "type", "bridge")
+    # A bridge without an address of its own takes the lowest of its ports' MACs, so it
+    # changes whenever a pod starts or ends, and the other pods' ARP entry for the node's
+    # address goes stale: their packets to the API server and from the kubelet's probes
+    # were dropped for half a minute at a time (seen: both operator replicas killed by
+    # their liveness probes after a short-lived pod ended). A set address stays.
+    _ip("link", "set", BRIDGE, "address", BRIDGE_MAC)
     addrs = _ip("-4", "-o", "addr", "show", "dev", BRIDGE).stdout
     if f" {NODE_ADDRESS}/" not in addrs:
         _ip("addr", "add", f"{NODE_ADDRESS}/{POD_SUBNET.split('/')[1]}", "dev", BRIDGE)
