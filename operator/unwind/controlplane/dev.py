@@ -59,9 +59,10 @@ DEV_IMAGE = f"{DEV_IMAGE_REPOSITORY}:{DEV_IMAGE_TAG}"
 OPERATOR_DEPLOYMENT = f"{RELEASE}-operator"
 
 
-def kubectl(kubeconfig: Path, *args: str, input_text: str | None = None, check: bool = True) -> str:
+def kubectl(kubeconfig: Path, *args: str, input_text: str | None = None, check: bool = True,
+            timeout: float = 120) -> str:
     proc = subprocess.run(["kubectl", f"--kubeconfig={kubeconfig}", *args], input=input_text,
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=timeout)
     if check and proc.returncode != 0:
         raise ControlPlaneError(f"kubectl {' '.join(args)} failed: {proc.stderr.strip()}")
     return proc.stdout
@@ -335,7 +336,7 @@ def wait_operator(kubeconfig: Path, since: float, timeout: float = 240) -> None:
     deadline = time.monotonic() + timeout
     try:
         kubectl(kubeconfig, "-n", OPERATOR_NAMESPACE, "rollout", "status", f"deployment/{OPERATOR_DEPLOYMENT}",
-                f"--timeout={int(timeout)}s")
+                f"--timeout={int(timeout)}s", timeout=timeout + 10)
         while time.monotonic() < deadline:
             pods = json.loads(kubectl(kubeconfig, "-n", OPERATOR_NAMESPACE, "get", "pods", "-o", "json",
                                       f"--selector=app.kubernetes.io/instance={RELEASE}"))["items"]
