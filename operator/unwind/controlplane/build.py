@@ -32,16 +32,17 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from .kubenode import NODE_PACKAGE_FILES, NODE_PACKAGES
+
 KUBE_VERSION = "1.20.2"
 COMPONENTS = ("kube-apiserver", "kube-controller-manager", "kubelet", "kube-scheduler", "kube-proxy")
 REFLECT2_DEBIAN = Path("/usr/share/gocode/src/github.com/modern-go/reflect2")
 # tool on PATH -> Debian package that provides it
 TOOL_PACKAGES = {"go": "golang-go", "etcd": "etcd-server", "kubectl": "kubernetes-client",
-                 # the node: container runtime, pod network, and building the images
-                 "containerd": "containerd", "runc": "runc", "iptables": "iptables", "ip": "iproute2",
-                 "buildah": "buildah", "debootstrap": "debootstrap"}
+                 **NODE_PACKAGES,  # the node: container runtime and pod network
+                 "buildah": "buildah", "debootstrap": "debootstrap"}  # building the images
 BUILD_PACKAGES = ("rsync", "jq", "make")
-FILE_PACKAGES = {"/usr/lib/cni/bridge": "containernetworking-plugins"}
+FILE_PACKAGES = NODE_PACKAGE_FILES
 
 
 class BuildError(RuntimeError):
