@@ -21,7 +21,8 @@ RUN pip wheel --wheel-dir /wheels . \
 FROM ${PYTHON_IMAGE}
 LABEL org.opencontainers.image.title="unwind" \
       org.opencontainers.image.description="Unwind operator, gateway sidecar and undo-step runner" \
-      org.opencontainers.image.licenses="Apache-2.0"
+      org.opencontainers.image.licenses="Apache-2.0" \
+      org.opencontainers.image.version="0.1.0"
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \
