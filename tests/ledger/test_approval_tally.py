@@ -442,3 +442,44 @@ def test_an_approval_stamped_to_the_second_of_the_request_still_counts() -> None
     assert tally(req, [same_second], at(1)).state == "approved"
     earlier = Decision("b", "bob", ("x",), "approve", "", T0 - timedelta(seconds=1), "run-42", "e-0007")
     assert tally(req, [earlier], at(1)).state == "awaiting_approval"
+
+
+# Arguments (issue 17 #3)
+
+SHA_A, SHA_B = "sha256:" + "a" * 64, "sha256:" + "b" * 64
+
+
+def test_a_decision_on_other_arguments_does_not_count_for_a_call_reusing_the_entry_id() -> None:
+    req = replace(request(replace(FINANCE, quorum=1)), arguments_sha256=SHA_B)
+    on_a = replace(decision("a1", "alice", "finance"), arguments_sha256=SHA_A)
+    result = tally(req, [on_a], at(5))
+    assert result.state == "awaiting_approval"
+    assert "other arguments" in dict(result.ignored)["a1"]
+    assert tally(req, [replace(on_a, arguments_sha256=SHA_B)], at(5)).state == "approved"
+    unbound = tally(req, [replace(on_a, arguments_sha256=None)], at(5))
+    assert unbound.state == "awaiting_approval" and "none named" in dict(unbound.ignored)["a1"]
+
+
+def test_the_operator_keeps_an_unbound_approval_bound_to_the_arguments_it_first_saw() -> None:
+    from unwind.ledger.decide import record
+    from unwind.ledger.entry import ApprovalDecision, Attempt, Entry, Times
+    from unwind.operator.ledgers import decide_entries
+
+    made = ApprovalDecision(name="ok-a", user="alice", groups=["finance"], decision="approve",
+                            created="2026-11-30T10:01:00Z")
+    rules = replace(FINANCE, quorum=1)
+    first = Entry(id="e-0007", tool="t", actor=ACTOR, state="awaiting_approval",
+                  arguments_sha256=SHA_A, approval=record(rules, "kubernetes"),
+                  times=Times(requested="2026-11-30T10:00:00.000Z"))
+    [decided] = decide_entries("run-42", [first.to_json()], {"e-0007": [made]}, at(2)) or []
+    assert decided["approval"]["state"] == "approved"
+    assert decided["approval"]["decisions"][0]["arguments_sha256"] == SHA_A
+    # The call failed; the agent reused the id with other arguments, in the same second.
+    old = Entry.model_validate(decided)
+    reused = first.model_copy(update={
+        "arguments_sha256": SHA_B, "approval": record(rules, "kubernetes"),
+        "times": Times(requested="2026-11-30T10:01:00.500Z"),
+        "attempts": [Attempt(state="failed", arguments_sha256=SHA_A, approval=old.approval)]})
+    [again] = decide_entries("run-42", [reused.to_json()], {"e-0007": [made]}, at(2)) or []
+    assert again["approval"]["state"] == "awaiting_approval"
+    assert again["approval"]["decisions"][0]["arguments_sha256"] == SHA_A

@@ -346,3 +346,10 @@ def test_what_a_ledger_records_cannot_be_changed_by_someone_asking_for_a_rollbac
             mutate_effectledger(req("UPDATE", ledger({**spec, "rollback": ROLLBACK}), old), signer)
     # a page left out reads as its default
     assert mutate_effectledger(req("UPDATE", ledger({"run": "run-1", "rollback": ROLLBACK}), old), signer)
+
+
+def test_the_owner_of_a_run_cannot_be_changed_by_someone_allowed_to_edit_its_ledger() -> None:
+    old = ledger({"run": "run-1", "page": 1, "owner": "system:serviceaccount:shop:agent-a"})
+    for spec in ({"run": "run-1", "owner": "system:serviceaccount:shop:agent-b"}, {"run": "run-1"}):
+        with pytest.raises(Refused, match=r"spec.owner: is written by the gateway"):
+            mutate_effectledger(req("UPDATE", ledger({**spec, "rollback": ROLLBACK}), old), signer)

@@ -130,6 +130,7 @@ class LedgerSpec(_Status):
 
     run: str = Field(description="The run this ledger records (the X-Unwind-Run header).")
     page: int = Field(1, ge=1, description="1 for the run's first page; a continuation page counts on.")
+    owner: str | None = Field(None, description="The actor whose gateway created the run; only its gateway writes entries here. Set at creation, never changed (absent on ledgers older than it: then the actor of the first entry).")
     rollback: LedgerRollback | None = Field(None, description="A rollback request for the run.")
 
 
@@ -154,6 +155,7 @@ class ApprovalTarget(_Status):
     checksum: str | None = Field(None, pattern=r"^sha256:[0-9a-f]{64}$", description="The exact manifest version, by checksum (its status.checksum).")
     effectLedger: str | None = Field(None, description="Name of an EffectLedger in this namespace.")
     entry: str | None = Field(None, min_length=1, description="The ledger entry id.")
+    argumentsSha256: str | None = Field(None, pattern=r"^sha256:[0-9a-f]{64}$", description="The entry's arguments_sha256 this decision is for (`kubectl unwind approve` fills it in); without it, the arguments the entry holds when the operator first records the decision. A decision counts only while the entry holds these arguments.")
 
     @model_validator(mode="after")
     def _one_form(self) -> ApprovalTarget:
@@ -166,6 +168,9 @@ class ApprovalTarget(_Status):
                              "(kubectl unwind approve tm/NAME fills in the checksum)")
         if ledger and not (self.effectLedger and self.entry):
             raise ValueError("a ledger target needs both effectLedger and entry")
+        if self.argumentsSha256 is not None and not ledger:
+            raise ValueError("argumentsSha256 names the arguments of a ledger entry: give "
+                             "effectLedger and entry with it")
         if not manifest and not ledger:
             raise ValueError("is empty: name a toolManifest and its checksum, or an effectLedger and an entry")
         return self

@@ -231,8 +231,14 @@ def _wait(k: Kubectl, target: Target, digest: str, decision: str, name: str,
 
 
 def _decide_entry(k: Kubectl, target: Target, decision: str, args: argparse.Namespace) -> int:
-    _read(k, target)  # a clear "does not exist" before the webhook's
+    ledger = _read(k, target)  # a clear "does not exist" before the webhook's
     spec: dict[str, Any] = {"target": {"effectLedger": target.name, "entry": args.entry}, "decision": decision}
+    # Bind the decision to the arguments the entry holds now: it never counts for others.
+    entries = (ledger.get("status") or {}).get("entries") or []
+    digest = next((e.get("arguments_sha256") for e in entries
+                   if isinstance(e, dict) and e.get("id") == args.entry), None)
+    if isinstance(digest, str) and digest:
+        spec["target"]["argumentsSha256"] = digest
     if args.reason:
         spec["reason"] = args.reason
     created = _create(k, _approval_body(spec), lambda: view.approval_name(

@@ -433,13 +433,17 @@ class Gateway:
             if current.state != old.state:
                 raise Stale(current.state)
             history = list(current.attempts)
+            keep: dict[str, Any] = {"seq": current.seq, "attempts": history}
             if current.state in REUSABLE:
+                # A reused id is a new call: its approval (if it needs one) starts afresh,
+                # and the old one stays with the attempt it approved.
                 history.append(Attempt(state=current.state, error=current.error,
-                                       finished=current.times.finished))
-            keep: dict[str, Any] = {"approval": current.approval, "seq": current.seq,
-                                    "attempts": history}
-            if current.state == "awaiting_approval":
+                                       finished=current.times.finished,
+                                       arguments_sha256=current.arguments_sha256,
+                                       approval=current.approval))
+            if current.state == "awaiting_approval":  # the approved call itself, now running
                 keep["times"] = Times(requested=current.times.requested)
+                keep["approval"] = current.approval
             return entry.model_copy(update=keep)
         try:
             return await self.ledger(self.store.update(c.req.run, entry.id, change))

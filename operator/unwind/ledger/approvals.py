@@ -21,6 +21,10 @@ the decisions and the clock. The rules, and why each is the one chosen:
   before the quorum denies, and nothing undoes that.
 - Only decisions made at or after the request count: nobody approves a call they have not
   seen, and an entry id is predictable enough to be pre-approved otherwise.
+- **Arguments**: a decision is bound to the arguments it was made on (their
+  ``arguments_sha256``); it counts only for a request with exactly those arguments. An
+  Idempotency-Key reused after a failed call with other arguments is a new call, and no
+  decision made on the old one approves (or denies) it.
 - **Timeout**: the deadline is requested_at + timeout; a decision made at the deadline is
   late. At the deadline without a quorum, ``deny`` denies; ``escalate`` closes the listed
   groups' window and the escalate_to groups decide from then on. Approvals made before the
@@ -141,6 +145,7 @@ class ApprovalRequest:
     actor: str
     requested_at: datetime
     rules: ApprovalRules
+    arguments_sha256: str | None = None  # the call's arguments; None: not bound (tests)
 
     def __post_init__(self) -> None:
         _require_aware(self.requested_at, "requested_at")
@@ -164,6 +169,7 @@ class Decision:
     created: datetime
     ledger: str | None  # spec.target.effectLedger; None when it targets a manifest
     entry: str | None
+    arguments_sha256: str | None = None  # the arguments decided on
 
 
 @dataclass(frozen=True)
@@ -222,6 +228,9 @@ def _unusable(d: Decision, request: ApprovalRequest) -> str | None:
     if (d.ledger, d.entry) != (request.ledger, request.entry):
         return (f"targets entry {d.entry} of ledger {d.ledger}, "
                 f"not {request.entry} of {request.ledger}")
+    if request.arguments_sha256 is not None and d.arguments_sha256 != request.arguments_sha256:
+        return (f"was made on other arguments ({_short_sha(d.arguments_sha256)}), not this "
+                f"call's ({_short_sha(request.arguments_sha256)}): decide on the call again")
     if not d.user or not d.user.strip():
         return "has no approver username: the admission webhook did not stamp one"
     if d.user == ANONYMOUS:
@@ -352,6 +361,10 @@ def _duration(ms: int) -> str:
             parts.append(f"{seconds // size}{unit}")
             seconds %= size
     return "".join(parts) or "0s"
+
+
+def _short_sha(digest: str | None) -> str:
+    return "none named" if not digest else digest.removeprefix("sha256:")[:12]
 
 
 def _plural(n: int, word: str) -> str:

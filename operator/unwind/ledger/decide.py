@@ -31,9 +31,9 @@ def tally_entry(ledger: str, entry: Entry, now: datetime) -> Tally:
     if entry.approval is None:
         raise ValueError(f"entry {entry.id} needs no approval")
     request = ApprovalRequest(ledger, entry.id, entry.actor, parse_stamp(entry.times.requested),
-                              rules_of(entry.approval))
+                              rules_of(entry.approval), entry.arguments_sha256)
     decisions = [Decision(d.name, d.user, tuple(d.groups), d.decision, d.reason,
-                          parse_stamp(d.created), ledger, entry.id)
+                          parse_stamp(d.created), ledger, entry.id, d.arguments_sha256)
                  for d in entry.approval.decisions]
     return tally(request, decisions, now)
 
@@ -49,7 +49,8 @@ def settle(ledger: str, entry: Entry, now: datetime) -> Entry:
 
 
 def add_decision(ledger: str, decision: ApprovalDecision, now: datetime) -> Change:
-    """A change function (for ``Store.update``) that records one decision and tallies."""
+    """A change function (for ``Store.update``) that records one decision and tallies. A
+    decision that names no arguments is bound to the entry's, read in the same write."""
     def change(entry: Entry) -> Entry:
         if entry.approval is None:
             raise Stale(f"entry {entry.id} ({entry.tool}) does not need approval: it is "
@@ -57,7 +58,8 @@ def add_decision(ledger: str, decision: ApprovalDecision, now: datetime) -> Chan
         if entry.state != "awaiting_approval":
             raise Stale(f"entry {entry.id} is {entry.state}, not awaiting approval: "
                         + (entry.approval.message or "nothing more to decide"))
-        approval = entry.approval.model_copy(
-            update={"decisions": [*entry.approval.decisions, decision]})
+        made = decision if decision.arguments_sha256 else decision.model_copy(
+            update={"arguments_sha256": entry.arguments_sha256})
+        approval = entry.approval.model_copy(update={"decisions": [*entry.approval.decisions, made]})
         return settle(ledger, entry.model_copy(update={"approval": approval}), now)
     return change

@@ -59,6 +59,9 @@ class ApprovalDecision(_Model):
     decision: Literal["approve", "deny"]
     reason: str = ""
     created: str = Field(description="When the decision was made (RFC 3339).")
+    arguments_sha256: str | None = Field(
+        None, description="The arguments it decided on (the entry's arguments_sha256 then): it "
+                          "counts only while the entry holds these arguments.")
 
 
 class ApprovalRulesRecord(_Model):
@@ -93,6 +96,9 @@ class Attempt(_Model):
     state: State
     error: EntryError | None = None
     finished: str | None = None
+    arguments_sha256: str | None = Field(None, description="The arguments of that attempt.")
+    approval: EntryApproval | None = Field(
+        None, description="That attempt's approval: a reused id starts a fresh one.")
 
 
 class Entry(_Model):

@@ -135,13 +135,13 @@ def mutate_effectledger(req: Request, signer: Signer) -> dict[str, str]:
     ``spec.rollback``, else the stored one kept. The stamp covers the ledger's name and its
     ``spec.rollback`` (:func:`rollback_stamped`), so it is neither copied to another
     ledger nor kept for another request. The gateway's writes (creates, status) never come
-    here. What the ledger records (``spec.run``, ``spec.page``) never changes: someone
+    here. What the ledger records (``spec.run``, ``spec.page``, ``spec.owner``) never changes: someone
     allowed to ask for a rollback may not make a run's ledger look like another's."""
     if req.operation != "UPDATE":
         return {}
     _refuse_forged(req, "EffectLedger")
     new, old = req.new.get("spec"), (req.old or {}).get("spec")
-    for field, default in (("run", None), ("page", 1)):
+    for field, default in (("run", None), ("page", 1), ("owner", None)):
         before = old.get(field, default) if isinstance(old, Mapping) else default
         after = new.get(field, default) if isinstance(new, Mapping) else default
         if before != after:

@@ -7,6 +7,12 @@ webhook stamps each approver. The operator copies every *stamped* decision into 
 and tallies it with the same code the gateway and ``unwind approve --ledger`` use
 (``unwind.ledger.decide``), so the entry says approved, denied or still waiting and why; the
 gateway runs the call when the agent repeats it, or answers 403 ``denied``.
+
+Each decision is bound to the arguments it decides on: the Approval's
+``spec.target.argumentsSha256`` (``kubectl unwind approve`` fills it in), else the
+arguments the entry held when the operator first recorded that decision, a binding kept
+in the entry (also after a failed call's id is reused: the old approval moves to the
+entry's ``attempts``). The tally counts only decisions on the arguments the entry holds.
 """
 
 from __future__ import annotations
@@ -52,8 +58,22 @@ def decisions_for(ledger: str, namespace: str, approvals: Iterable[ApprovalObjec
             continue  # written around the webhook: never counts
         found.setdefault(spec.target.entry, []).append(ApprovalDecision(
             name=a.name, user=who.user, groups=list(who.groups), decision=spec.decision,
-            reason=spec.reason or "", created=a.created))
+            reason=spec.reason or "", created=a.created,
+            arguments_sha256=spec.target.argumentsSha256))
     return found
+
+
+def bound(entry: Entry, decisions: Sequence[ApprovalDecision]) -> list[ApprovalDecision]:
+    """The decisions, each bound to the arguments it decided on: its own digest, else the one
+    recorded for it earlier (in the entry or an earlier attempt), else the entry's now."""
+    seen: dict[str, str] = {}
+    approvals = [a.approval for a in entry.attempts] + [entry.approval]
+    for approval in approvals:
+        for d in approval.decisions if approval is not None else ():
+            if d.arguments_sha256:
+                seen.setdefault(d.name, d.arguments_sha256)
+    return [d if d.arguments_sha256 else d.model_copy(update={
+        "arguments_sha256": seen.get(d.name, entry.arguments_sha256)}) for d in decisions]
 
 
 def decide_entries(ledger: str, entries: Sequence[dict[str, Any]],
@@ -72,7 +92,11 @@ def decide_entries(ledger: str, entries: Sequence[dict[str, Any]],
         except ValidationError:
             out.append(raw)
             continue
-        if entry.approval is None or entry.state != "awaiting_approval" or entry.approval.decisions == found:
+        if entry.approval is None or entry.state != "awaiting_approval":
+            out.append(raw)
+            continue
+        found = bound(entry, found)
+        if entry.approval.decisions == found:
             out.append(raw)
             continue
         approval = entry.approval.model_copy(update={"decisions": found})
