@@ -119,6 +119,10 @@ CASES = [
     ("an idempotency carrier header is a header name",
      with_(idempotency={"key": "o-{{args.id}}", "carrier": {"header": "Idempotency Key"}}),
      "idempotency.carrier.header", "is not an HTTP header name"),
+    ("an idempotency key read from a redacted argument is refused (it would be stored in clear)",
+     with_(audit={"redaction": ["$args.order_id"]}),
+     "idempotency.key", "key on a non-secret argument that identifies the call (an order id), "
+     "or drop the redaction"),
     ("a lookup by idempotency key needs an idempotency declaration",
      with_(idempotency=DELETE, lookup={"tool": "shop.get_order", "by": "idempotency_key",
                                        "arguments": {"id": "$args.order_id"}}),

@@ -190,6 +190,33 @@ def test_a_staged_entry_whose_manifest_declares_no_discard_is_not_undoable() -> 
     assert s.action == "not_undoable" and "declares no discard" in s.reason
 
 
+def test_an_edited_ledger_naming_a_charge_as_a_drafts_discard_calls_no_charge() -> None:
+    # Whoever can edit the ledger writes "charge" as the discard of a staged release: the
+    # rollback must call the manifest's discard, never the tool the entry names.
+    staged = Staged(draft_tool="release", handle={"order": 9900, "amount": 990000},
+                    promote="publish", discard="charge")
+    p = make_plan("run-1", [entry("rel", "release", 1, staged=staged)], VERSIONS, now=NOW)
+    assert [s.undo_tool for s in p.steps] == ["delete_release"]
+    assert "charge" not in [s.undo_tool for s in p.runnable()]
+    assert "the ledger names charge; the manifest's discard is used" in p.steps[0].reason
+
+
+def test_an_edited_ledger_whose_draft_tool_is_not_the_manifests_is_unrecoverable() -> None:
+    staged = Staged(draft_tool="charge", handle={"order": 1}, promote="charge", discard="charge")
+    p = make_plan("run-1", [entry("rel", "release", 1, staged=staged)], VERSIONS, now=NOW)
+    [s] = p.steps
+    assert (s.action, s.undo_tool, s.arguments) == ("unrecoverable", None, None)
+    assert "the ledger's draft does not match the manifest it ran under" in s.reason
+    assert p.runnable() == []
+
+
+def test_a_staged_entry_of_a_tool_whose_manifest_has_no_draft_calls_nothing() -> None:
+    staged = Staged(draft_tool="note", handle={"n": 1}, promote="charge", discard="charge")
+    [s] = make_plan("run-1", [entry("n", "note", 1, staged=staged)], VERSIONS, now=NOW).steps
+    assert s.action == "unrecoverable" and s.undo_tool is None
+    assert "declares no draft form" in s.reason
+
+
 def test_a_step_whose_compensation_requires_approval_says_so() -> None:
     s = step([entry("i", "issue", 1, result={"n": 3})], "i")
     assert s["requires_approval"] is True and s["residue"] == []

@@ -7,8 +7,11 @@ entry whose answer was lost shows as a ``lookup`` step; running the rollback res
 Which manifest decides an entry's undo: the version the entry ran under, found by the
 checksum the gateway recorded (``Versions.by_checksum``), never today's, because the undo
 must match the call that was made. The tools the steps *call* (the undo, its read-back, the
-lookup, the discard) are taken from today's set (``Versions.tools``): they run now, at
-today's upstream. An entry whose version is not known refuses the plan (``PlanError``)
+lookup, the discard) are named by that manifest, never by the entry: a staged entry's
+discard is the manifest's ``draft.discard``, and an entry whose recorded draft tool is not
+the manifest's ``draft.tool`` is ``unrecoverable`` (an edited ledger must not choose what a
+rollback calls). Their own manifests are taken from today's set (``Versions.tools``): they
+run now, at today's upstream. An entry whose version is not known refuses the plan (``PlanError``)
 unless ``current`` is set, which plans it with today's manifest of its tool and says so.
 
 The order (docs/rollback.md): lookups first (an uncertain entry must be found before its
@@ -28,7 +31,7 @@ from typing import Any, Literal
 
 from ..manifest.model import Effect, ToolManifest
 from ..manifest.refs import Missing, Ref, parse_ref, resolve
-from .entry import Entry, Handle, parse_stamp, stamp
+from .entry import Entry, Handle, Staged, parse_stamp, stamp
 from .handle import kept_references, redacted_needs
 from .report import deadline_ms
 
@@ -170,12 +173,7 @@ def plan_entry(entry: Entry, versions: Versions, now: datetime, refs: _Refs | No
 
 def _undo(entry: Entry, m: ToolManifest, now: datetime, refs: _Refs) -> Step:
     if entry.staged is not None:
-        discard = entry.staged.discard or (m.draft.discard if m.draft else None)
-        if discard is None:
-            return _report(entry, "not_undoable", f"a staged draft of {entry.staged.draft_tool}, "
-                           "and the manifest declares no discard tool")
-        return Step(entry.id, entry.tool, "discard", discard, dict(entry.staged.handle), (), False,
-                    f"a staged draft (never promoted): {discard} throws it away")
+        return _discard(entry, entry.staged, m)
     if m.effect in (Effect.read_only, Effect.idempotent):
         return _report(entry, "skip", f"{m.tool} is {m.effect}: nothing to undo")
     c = m.compensation
@@ -223,6 +221,27 @@ def _undo(entry: Entry, m: ToolManifest, now: datetime, refs: _Refs) -> Step:
             reason += "; it leaves residue"
     return Step(entry.id, entry.tool, kind, c.tool, undo_args, tuple(c.residue),
                 c.requires_approval, reason, read_back, c.timeout_ms)
+
+
+def _discard(entry: Entry, staged: Staged, m: ToolManifest) -> Step:
+    """A staged draft is thrown away by the discard tool of the manifest the entry ran
+    under, never by the one the entry names: whoever can edit a ledger must not turn a
+    rollback into a call of any tool. The entry's draft tool must be the manifest's."""
+    if m.draft is None or staged.draft_tool != m.draft.tool:
+        declared = (f"its draft tool is {m.draft.tool}" if m.draft is not None
+                    else "it declares no draft form")
+        return _report(entry, "unrecoverable", f"the ledger's draft does not match the manifest "
+                       f"it ran under: the entry records a draft of {staged.draft_tool}, and "
+                       f"{declared}; nothing is called (the ledger may have been edited: "
+                       "discard the draft by hand)")
+    discard = m.draft.discard
+    if discard is None:
+        return _report(entry, "not_undoable", f"a staged draft of {staged.draft_tool}, "
+                       "and the manifest declares no discard tool")
+    differs = (f" (the ledger names {staged.discard}; the manifest's discard is used)"
+               if staged.discard is not None and staged.discard != discard else "")
+    return Step(entry.id, entry.tool, "discard", discard, dict(staged.handle), (), False,
+                f"a staged draft (never promoted): {discard} throws it away{differs}")
 
 
 def _unknown(entry: Entry, m: ToolManifest, note: str, refs: _Refs) -> Step:

@@ -8,11 +8,26 @@ object or list, would be a guess, and a wrong guess either lets a real duplicate
 
 - every ``{{...}}`` must be ``{{args.<path>}}`` (dotted names, ``.n`` for a list index);
 - the value must be present, not null, and plain: a string, a number or a bool;
-- a string is inserted as is, a bool as ``true``/``false`` and a number as its JSON text,
-  so equal arguments always give the same key and distinct values of one type give
-  distinct keys (the string ``"1"`` and the number ``1`` give the same key on purpose:
-  they name the same order to a person, and refusing a look-alike is the safe side);
+- a string is inserted as is, a bool as ``true``/``false`` and a number as its one
+  canonical text (below), so equal arguments always give the same key and distinct values
+  of one type give distinct keys (the string ``"1"`` and the number ``1`` give the same
+  key on purpose: they name the same order to a person, and refusing a look-alike is the
+  safe side);
 - non-finite numbers (NaN, infinity) are refused: NaN is not even equal to itself.
+
+**One text per number.** JSON does not tell ``42`` from ``42.0`` (a client may send either
+for the same order), so a key must not either: rendering ``42.0`` as ``42.0`` let
+``stripe.create_charge`` charge order 42 twice. A number's key text is:
+
+- an integral value (an integer, or a float with no fractional part) is written as a plain
+  decimal integer: no sign for zero, no fraction, no exponent. ``42``, ``42.0`` and
+  ``4.2e1`` give ``42``; ``-0.0`` gives ``0``; ``1e20`` gives ``100000000000000000000``.
+  A float's digits are those of its shortest round-trip form, so ``1e300`` gives ``1``
+  and 300 zeros, like the integer it names;
+- any other (finite) value is written in its shortest round-trip form (Python's ``repr``):
+  ``2.5``, ``0.1``, ``1e-07``. One float value has exactly one such text.
+
+The same text fills ``{{args.NAME}}`` placeholders of an upstream URL (``plain_text``).
 
 The template author chooses the separators: ``{{args.a}}-{{args.b}}`` renders ``x-y`` + ``z``
 and ``x`` + ``y-z`` alike, which errs on the side of refusing a call as a duplicate.
@@ -20,10 +35,10 @@ and ``x`` + ``y-z`` alike, which errs on the side of refusing a call as a duplic
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from collections.abc import Mapping
+from decimal import Decimal
 from typing import Any
 
 from .refs import Missing, RefSyntaxError, parse_ref, resolve
@@ -50,11 +65,24 @@ def plain_text(value: Any) -> str | None:
         return "true" if value else "false"
     if isinstance(value, str):
         return value
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, float):
-        return json.dumps(value) if math.isfinite(value) else None
+    if isinstance(value, int | float):
+        return number_text(value)
     return None
+
+
+def number_text(value: int | float) -> str | None:
+    """The one canonical text of a JSON number (see the module docstring), or None when it
+    has none: NaN, an infinity, or an integer too long to write out."""
+    try:
+        if isinstance(value, int):
+            return str(value)
+        if not math.isfinite(value):
+            return None
+        if value.is_integer():  # 42.0 -> 42, -0.0 -> 0, 1e20 -> 100000000000000000000
+            return str(int(Decimal(repr(value))))
+        return repr(value)
+    except ValueError:  # an integer past Python's int-to-text limit (over 4300 digits)
+        return None
 
 
 def render_key(template: str, args: Mapping[str, Any]) -> str:
@@ -97,4 +125,6 @@ def _kind(value: Any) -> str:
         return "a list"
     if isinstance(value, float):
         return f"the non-finite number {value}"
+    if isinstance(value, int):
+        return "an integer too long to write out"
     return f"a {type(value).__name__}"

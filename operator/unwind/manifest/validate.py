@@ -22,6 +22,7 @@ from .issues import Issue, format_path, input_path, issues_from_validation_error
 from .model import TOOL_NAME_PATTERN, UNDOABLE, Effect, Lifecycle, ToolManifest
 from .places import READER_PLACES, names_at
 from .refs import RefSyntaxError, parse_ref
+from .undo_refs import overlaps, redaction_references
 
 Finding = tuple[str, str]
 Rule = Callable[[ToolManifest], Iterator[Finding]]
@@ -223,6 +224,29 @@ def idempotency_carrier_names_one_place(m: ToolManifest) -> Iterator[Finding]:
                                                "use letters, digits, '_' and '-'")
 
 
+def idempotency_key_reads_no_redacted_value(m: ToolManifest) -> Iterator[Finding]:
+    """The rendered key is stored in clear (the entry's ``key``, its report, a lookup by
+    key, the lock's holder), so a key template must not read what ``audit.redaction``
+    keeps out of the ledger."""
+    if m.idempotency is None or m.audit is None or not m.audit.redaction:
+        return
+    redacted = redaction_references(m)
+    for name in _PLACEHOLDER.findall(m.idempotency.key):
+        if not _ARGS_PLACEHOLDER.fullmatch(name):
+            continue  # idempotency_key_uses_arguments says so
+        try:
+            ref = parse_ref("$" + name)
+        except RefSyntaxError:
+            continue
+        hit = next((r for r in redacted if overlaps(ref, r)), None)
+        if hit is not None:
+            yield "idempotency.key", (
+                f"placeholder {{{{{name}}}}} reads {hit.text()}, which audit.redaction keeps "
+                "out of the ledger, but the rendered key is stored in clear (the entry's key, "
+                "its report, the lookup's arguments): key on a non-secret argument that "
+                "identifies the call (an order id), or drop the redaction")
+
+
 def lookup_by_key_needs_idempotency(m: ToolManifest) -> Iterator[Finding]:
     if m.lookup and m.lookup.by == "idempotency_key" and m.idempotency is None:
         yield "lookup.by", ("a lookup by idempotency_key needs an idempotency declaration: add "
@@ -260,6 +284,7 @@ MANIFEST_RULES: tuple[Rule, ...] = (
     approval_rules_are_consistent,
     idempotency_key_uses_arguments,
     idempotency_carrier_names_one_place,
+    idempotency_key_reads_no_redacted_value,
     lookup_by_key_needs_idempotency,
     replaced_by_only_when_deprecated,
     upstream_has_one_target,
