@@ -65,6 +65,51 @@ class BundleError(ValueError):
         self.code = code
 
 
+MAX_DEPTH = 64  # nesting of any JSON text in a bundle: a manifest needs far less
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if value in (float("inf"), float("-inf")):
+        raise ValueError(f"{text[:40]} is out of range for a JSON number")
+    return value
+
+
+def _depth_ok(value: Any, limit: int = MAX_DEPTH) -> bool:
+    """Whether ``value`` nests at most ``limit`` levels (iteratively: no recursion to blow)."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, (dict, list)):
+            if depth > limit:
+                return False
+            stack.extend((v, depth + 1) for v in (item.values() if isinstance(item, dict) else item))
+    return True
+
+
+def loads(text: Any, where: str) -> Any:
+    """Strict JSON of a bundle's ConfigMap value: text only, no NaN or Infinity (canonical
+    JSON cannot hold them, so nothing signed can), at most ``MAX_DEPTH`` levels deep.
+    Anything else is a ``BundleError``, never another exception."""
+    if isinstance(text, bytes):
+        text = text.decode("utf-8", "replace")
+    if not isinstance(text, str):
+        raise BundleError("not_json", f"{where} is not text")
+    try:
+        value = json.loads(text, parse_constant=_reject_constant, parse_float=_finite)
+    except RecursionError:
+        raise BundleError("not_json", f"{where} nests deeper than {MAX_DEPTH} levels") from None
+    except ValueError as exc:
+        raise BundleError("not_json", f"{where} is not JSON: {exc}") from exc
+    if not _depth_ok(value):
+        raise BundleError("not_json", f"{where} nests deeper than {MAX_DEPTH} levels")
+    return value
+
+
 @dataclass(frozen=True)
 class BundleEntry:
     tool: str
@@ -171,12 +216,9 @@ def read_root(configmaps: Mapping[str, Mapping[str, str]]) -> dict[str, Any]:
     """The root index as written, unverified (to find shard names, or the generation a
     verified reader compares against)."""
     main = configmaps.get(BUNDLE_NAME)
-    if main is None or INDEX_KEY not in main:
+    if not isinstance(main, Mapping) or INDEX_KEY not in main:
         raise BundleError("missing_index", f"no {BUNDLE_NAME} ConfigMap with {INDEX_KEY}")
-    try:
-        root = json.loads(main[INDEX_KEY])
-    except ValueError as exc:
-        raise BundleError("not_json", f"{BUNDLE_NAME}/{INDEX_KEY} is not JSON: {exc}") from exc
+    root = loads(main[INDEX_KEY], f"{BUNDLE_NAME}/{INDEX_KEY}")
     if not isinstance(root, dict):
         raise BundleError("not_json", f"{BUNDLE_NAME}/{INDEX_KEY} is not a JSON object")
     return root
@@ -187,9 +229,24 @@ def load_bundle(configmaps: Mapping[str, Mapping[str, str]], trust: TrustStore |
     """Verify a bundle and return its manifests. Any problem refuses the whole bundle: the
     root signature, namespace and generation, each shard's digest, each manifest's checksum
     and validity. ``trust`` is required; ``insecure=True`` (tests only) skips signatures,
-    loudly."""
+    loudly.
+
+    A malformed bundle (whoever can write the namespace's ConfigMaps can put anything
+    there) raises ``BundleError`` like any other that does not verify, never another
+    exception: every reader treats it as "no verified bundle"."""
     if trust is None and not insecure:
         raise TypeError("load_bundle needs a trust store; pass insecure=True only in tests")
+    try:
+        return _load(configmaps, trust, namespace, min_generation)
+    except BundleError:
+        raise
+    except (TypeError, ValueError, KeyError, AttributeError, RecursionError, UnicodeError) as exc:
+        raise BundleError("malformed", f"the bundle cannot be read ({type(exc).__name__}: "
+                                       f"{str(exc)[:200]})") from None
+
+
+def _load(configmaps: Mapping[str, Mapping[str, str]], trust: TrustStore | None, namespace: str,
+          min_generation: int) -> Bundle:
     root = read_root(configmaps)
     if trust is None:
         log.warning("INSECURE: bundle of namespace %s loaded without checking signatures", namespace)
@@ -261,10 +318,7 @@ def _entries(root: Mapping[str, Any], configmaps: Mapping[str, Mapping[str, str]
         if checksum_bytes(canonical_json(dict(content))) != shard.get("sha256"):
             raise BundleError("shard_mismatch", f"shard ConfigMap {name} does not match the signed index: "
                                                 "edited outside the operator, or not updated yet")
-        try:
-            listed = json.loads(content.get(TOOLS_KEY, ""))
-        except ValueError as exc:
-            raise BundleError("not_json", f"{name}/{TOOLS_KEY} is not JSON: {exc}") from exc
+        listed = loads(content.get(TOOLS_KEY, ""), f"{name}/{TOOLS_KEY}")
         if not isinstance(listed, dict):
             raise BundleError("bad_index", f"{name}/{TOOLS_KEY} is not a mapping of tool -> entry")
         infos.update(listed)
@@ -283,10 +337,7 @@ def _manifest(tool: str, info: Mapping[str, Any], data: Mapping[str, str]) -> To
     raw = blob.encode("utf-8")
     if checksum_bytes(raw) != digest:
         raise BundleError("checksum_mismatch", f"{where}: the manifest was edited outside the operator")
-    try:
-        parsed = json.loads(raw)
-    except ValueError as exc:
-        raise BundleError("not_json", f"{where}: the manifest is not JSON: {exc}") from exc
+    parsed = loads(blob, f"{where}: the manifest")
     manifest, issues = validate_manifest(parsed)
     if manifest is None or issues:
         raise BundleError("invalid_manifest", f"{where}: the manifest is invalid: {issues[0] if issues else ''}")

@@ -353,3 +353,61 @@ def test_the_owner_of_a_run_cannot_be_changed_by_someone_allowed_to_edit_its_led
     for spec in ({"run": "run-1", "owner": "system:serviceaccount:shop:agent-b"}, {"run": "run-1"}):
         with pytest.raises(Refused, match=r"spec.owner: is written by the gateway"):
             mutate_effectledger(req("UPDATE", ledger({**spec, "rollback": ROLLBACK}), old), signer)
+
+
+# ---- the injection webhook fails closed for the labelled pods it is called for -------------
+
+def agent_pod(**spec: Any) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "agent-1", "namespace": "shop", "labels": {"unwind.dev/inject": "true"}},
+            "spec": {"serviceAccountName": "agent", "containers": [{"name": "agent", "image": "agent:1"}], **spec}}
+
+
+def inject_review(pod: dict[str, Any], context: Any, sidecar: bool = True) -> Any:
+    import asyncio
+
+    from unwind.operator.hooks import Admission
+    from unwind.operator.inject import Sidecar
+
+    admission = Admission(lambda *_: None, "unwind-system", True, signer, TRUST,
+                          sidecar=Sidecar("unwind:1", "unwind-system") if sidecar else None, pod_context=context)
+    data = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+            "request": {"uid": "r-1", "operation": "CREATE", "namespace": "shop", "object": pod,
+                        "userInfo": {"username": "system:serviceaccount:kube-system:job-controller"}}}
+    return asyncio.run(admission.review("inject-gateway", data))["response"]
+
+
+def test_a_labelled_pod_in_a_namespace_with_a_nan_bundle_is_refused_not_admitted_without_its_gateway() -> None:
+    from unwind.operator.inject import gateway_secrets
+
+    crafted = {"unwind-bundle": {"index.json": '{"namespace":"shop","generation":NaN,'
+                                               '"signature":{"key_id":"k","value":"AAAA"}}'}}
+    answer = inject_review(agent_pod(), lambda ns, sa: ("shop:read", gateway_secrets(crafted, TRUST, ns)))
+    assert answer["allowed"] is False and answer["status"]["code"] == 503
+    assert "unwind-bundle cannot be read" in answer["status"]["message"]
+    assert "patch" not in answer
+
+
+def test_trouble_reading_the_pods_context_refuses_the_labelled_pod() -> None:
+    def broken(namespace: str, account: str) -> Any:
+        raise ConnectionError("the API server went away")
+
+    answer = inject_review(agent_pod(), broken)
+    assert answer["allowed"] is False and answer["status"]["code"] == 503
+    assert "ConnectionError: the API server went away" in answer["status"]["message"]
+    assert "not admitted without its gateway" in answer["status"]["message"]
+
+
+def test_an_operator_without_a_gateway_image_refuses_labelled_pods() -> None:
+    answer = inject_review(agent_pod(), lambda ns, sa: (None, set()), sidecar=False)
+    assert answer["allowed"] is False and "--gateway-image" in answer["status"]["message"]
+
+
+def test_the_upstream_secret_in_the_agents_env_refuses_the_pod_at_admission() -> None:
+    pod = agent_pod(hostNetwork=True)
+    pod["spec"]["containers"][0]["env"] = [{"name": "K", "valueFrom": {"secretKeyRef": {"name": "stripe", "key": "t"}}}]
+    answer = inject_review(pod, lambda ns, sa: ("shop:read", {"stripe"}))
+    assert answer["allowed"] is False and answer["status"]["code"] == 400
+    message = answer["status"]["message"]
+    assert "- spec.hostNetwork: true" in message and "- spec.containers[0].env[0].valueFrom.secretKeyRef:" in message
+    assert inject_review(agent_pod(), lambda ns, sa: ("shop:read", {"stripe"}))["patchType"] == "JSONPatch"

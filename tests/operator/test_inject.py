@@ -18,6 +18,7 @@ from unwind.operator.inject import (
     native_sidecars,
     server_version,
 )
+from unwind.registry.signing import TrustStore
 
 SIDECAR = Sidecar("registry.example/unwind:0.1.0", "unwind-system")
 
@@ -362,3 +363,164 @@ def test_the_kubelet_stand_in_finds_the_gateway_in_either_form() -> None:
     assert not has_sidecar(k8s(pod()))
     assert has_sidecar(k8s(apply(pod(), inject(pod(), "shop", "x", set(), SIDECAR))))
     assert has_sidecar(k8s(apply(pod(), inject(pod(), "shop", "x", set(), NATIVE))))
+
+
+# ---- a crafted bundle: never "admitted without a gateway" --------------------------------
+
+def _signed_bundle() -> tuple[dict[str, dict[str, str]], TrustStore, Any]:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    from unwind.bundle import BundleEntry, build_bundle
+    from unwind.manifest.canonical import canonical_json, checksum_bytes
+    from unwind.registry.signing import sign
+
+    key = Ed25519PrivateKey.generate()
+    spec = {"tool": "stripe.refund", "effect": "idempotent", "permission": "payments:refund",
+            "upstream": {"url": "https://api.example/refunds",
+                         "headers": {"Authorization": {"secretKeyRef": {"name": "stripe", "key": "token"}}}}}
+    model, _ = validate_manifest(spec)
+    assert model is not None
+    blob = canonical_json(model.canonical_dict())
+    data = build_bundle("shop", [BundleEntry("stripe.refund", 1, checksum_bytes(blob), blob, "refund")],
+                        generation=1, high_water={"stripe.refund": 1}, signer=lambda m: sign(key, m))
+    return data, TrustStore([key.public_key()]), key
+
+
+CRAFTED = {
+    "NaN": '{"apiVersion":"unwind.dev/v1alpha1","kind":"ToolBundle","namespace":"shop","generation":NaN,'
+           '"tools":{},"signature":{"key_id":"k","value":"AAAA"}}',
+    "a number out of range": '{"namespace":"shop","generation":1e400,"signature":{"key_id":"k","value":"AAAA"}}',
+    "deep nesting": "[" * 100000 + "]" * 100000,
+    "deep objects": '{"a":' * 50000 + "1" + "}" * 50000,
+    "truncated JSON": '{"apiVersion":"unwind.dev/v1alph',
+    "a value that is not text": 5,
+}
+
+
+@pytest.mark.parametrize("index", CRAFTED.values(), ids=CRAFTED.keys())
+def test_a_crafted_bundle_refuses_the_labelled_pod_instead_of_admitting_it_without_its_gateway(index: Any) -> None:
+    from unwind.operator.admission import Refused
+    from unwind.operator.inject import gateway_secrets
+
+    data, trust, _ = _signed_bundle()
+    assert gateway_secrets(data, trust, "shop") == {"stripe"}
+    data["unwind-bundle"]["index.json"] = index
+    with pytest.raises(Refused) as refused:
+        gateway_secrets(data, trust, "shop")
+    assert refused.value.code == 503
+    message = str(refused.value)
+    assert message.startswith("the namespace's signed bundle unwind-bundle cannot be read (")
+    assert "not admitted without its gateway" in message and "the operator rewrites it on its next reconcile" in message
+
+
+def test_a_bundle_configmap_of_the_wrong_shape_refuses_the_pod_too() -> None:
+    from unwind.operator.admission import Refused
+    from unwind.operator.inject import gateway_secrets
+
+    _, trust, _ = _signed_bundle()
+    with pytest.raises(Refused, match="unwind-bundle cannot be read"):
+        gateway_secrets({"unwind-bundle": ["index.json"]}, trust, "shop")  # type: ignore[dict-item]
+
+
+def test_a_namespace_without_a_bundle_yet_gets_the_gateway_without_secrets() -> None:
+    from unwind.operator.inject import gateway_secrets
+
+    _, trust, _ = _signed_bundle()
+    assert gateway_secrets({}, trust, "shop") == set()
+
+
+def test_an_edited_bundle_that_no_longer_verifies_refuses_the_pod() -> None:
+    from unwind.operator.admission import Refused
+    from unwind.operator.inject import gateway_secrets
+
+    data, trust, _ = _signed_bundle()
+    data["unwind-bundle"]["index.json"] = data["unwind-bundle"]["index.json"].replace('"generation":1', '"generation":2')
+    with pytest.raises(Refused, match="bad_signature"):
+        gateway_secrets(data, trust, "shop")
+
+
+# ---- more ways to hand the agent what the gateway keeps -------------------------------------
+
+def test_a_projected_token_for_an_audience_the_api_server_accepts_is_refused() -> None:
+    def volume(audience: str) -> dict[str, Any]:
+        return {"name": "tok", "projected": {"sources": [{"serviceAccountToken": {"path": "t", "audience": audience}}]}}
+
+    for audience in ("https://kubernetes.default.svc", "https://kubernetes.default.svc.cluster.local/"):
+        problems = isolation_problems(pod(volumes=[volume(audience)]))
+        assert [p.split(": ")[0] for p in problems] == ["spec.volumes[0].projected.sources[0].serviceAccountToken"]
+        assert "which the API server accepts" in problems[0]
+    # the cluster's issuer, as the operator learns it from its own token or the chart
+    issuer = "https://oidc.example/clusters/prod"
+    assert isolation_problems(pod(volumes=[volume(issuer)])) == []
+    from unwind.operator.inject import api_audiences
+
+    audiences = api_audiences("https://api.example, other", _token({"iss": issuer, "aud": ["https://api.example"]}))
+    assert {issuer, "https://api.example", "other", "https://kubernetes.default.svc"} <= audiences
+    assert len(isolation_problems(pod(volumes=[volume(issuer)]), audiences=audiences)) == 1
+    assert isolation_problems(pod(volumes=[volume("sts.amazonaws.com")]), audiences=audiences) == []
+
+
+def _token(claims: dict[str, Any]) -> str:
+    import base64
+    import json
+
+    def part(value: Any) -> str:
+        return base64.urlsafe_b64encode(json.dumps(value).encode()).decode().rstrip("=")
+    return f"{part({'alg': 'RS256'})}.{part(claims)}.sig"
+
+
+def test_the_operators_own_token_names_the_audiences_and_a_broken_one_names_none() -> None:
+    from unwind.operator.inject import token_audiences
+
+    assert token_audiences(_token({"iss": "https://i", "aud": "a"})) == {"https://i", "a"}
+    assert token_audiences(_token({"iss": "kubernetes/serviceaccount"})) == {"kubernetes/serviceaccount"}
+    assert token_audiences("not a token") == set() and token_audiences("a.%%%.c") == set()
+    assert token_audiences(_token([1, 2])) == set()  # type: ignore[arg-type]
+
+
+def test_the_upstream_secret_through_env_or_env_from_is_refused_with_its_field() -> None:
+    p = pod()
+    agent = p["spec"]["containers"][0]
+    agent["env"] = [{"name": "A", "value": "1"}, {"name": "B", "valueFrom": {"fieldRef": {"fieldPath": "x"}}},
+                    {"name": "KEY", "valueFrom": {"secretKeyRef": {"name": "stripe", "key": "token"}}},
+                    {"name": "OWN", "valueFrom": {"secretKeyRef": {"name": "agent-own", "key": "k"}}}]
+    p["spec"]["initContainers"] = [{"name": "fetch", "image": "x", "envFrom": [
+        {"configMapRef": {"name": "settings"}}, {"secretRef": {"name": "stripe"}}]}]
+    problems = isolation_problems(p, {"stripe"})
+    assert [x.split(": ")[0] for x in problems] == ["spec.initContainers[0].envFrom[1].secretRef",
+                                                    "spec.containers[0].env[2].valueFrom.secretKeyRef"]
+    assert "Secret 'stripe' holds credentials this namespace's ToolManifests send upstream" in problems[0]
+    assert isolation_problems(p, {"another"}) == []
+
+
+def test_the_upstream_secret_as_a_volume_of_another_name_is_refused() -> None:
+    p = pod(volumes=[{"name": "creds", "secret": {"secretName": "stripe"}},
+                     {"name": "bundle", "projected": {"sources": [{"configMap": {"name": "c"}},
+                                                                  {"secret": {"name": "stripe"}}]}},
+                     {"name": "mine", "secret": {"secretName": "agent-own"}}])
+    problems = isolation_problems(p, {"stripe"})
+    assert [x.split(": ")[0] for x in problems] == ["spec.volumes[0].secret",
+                                                    "spec.volumes[1].projected.sources[1].secret"]
+
+
+def test_the_nodes_network_is_refused_for_an_agent_pod() -> None:
+    problems = isolation_problems(pod(hostNetwork=True))
+    assert [x.split(": ")[0] for x in problems] == ["spec.hostNetwork"]
+    assert "127.0.0.1:8787" in problems[0]
+    assert isolation_problems(pod(hostNetwork=False)) == []
+
+
+def test_a_node_directory_or_a_privileged_container_is_refused_for_an_agent_pod() -> None:
+    p = pod(volumes=[{"name": "node", "hostPath": {"path": "/var/lib/kubelet"}}])
+    p["spec"]["containers"][0]["securityContext"] = {"privileged": True}
+    assert [x.split(": ")[0] for x in isolation_problems(p)] == [
+        "spec.volumes[0].hostPath", "spec.containers[0].securityContext.privileged"]
+
+
+def test_isolation_reads_any_shape_of_pod_without_crashing() -> None:
+    weird: list[Any] = [{"spec": {"containers": "x", "volumes": {"a": 1}}},
+                        {"spec": {"containers": [{"env": "x", "envFrom": [None, {"secretRef": "s"}]}],
+                                  "volumes": [{"projected": {"sources": "x"}}, {"secret": None}]}},
+                        {"spec": {"initContainers": [{"env": [{"valueFrom": None}]}]}}]
+    for p in weird:
+        assert isolation_problems(p, {"s"}) == []

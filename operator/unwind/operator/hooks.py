@@ -2,8 +2,9 @@
 admission.py's pure decisions, and refusals into denials kubectl prints.
 
 The webhook configurations themselves are installed by the Helm chart (and so by
-`unwind dev up`): ``Fail`` for ToolManifests and Approvals, so nothing unchecked gets in;
-the operator's own namespace excluded. Each handler's name is its URL path.
+`unwind dev up`): ``Fail`` for ToolManifests and Approvals, so nothing unchecked gets in,
+and for the pods labelled ``unwind.dev/inject=true`` (the only pods the injection webhook
+selects), so none starts without its gateway; the operator's own namespace excluded. Each handler's name is its URL path.
 
 Why not kopf's admission dispatch: it costs about 1.5 ms per review in bookkeeping our
 handlers do not need (memos, diffs, handler progress), against ~0.1 ms for the decisions
@@ -17,6 +18,7 @@ import base64
 import datetime as dt
 import json
 import logging
+import os
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,7 +31,16 @@ from . import admission
 from .admission import Refused, Request, listed
 from .certs import Lifetimes
 from .identity import Identity, Signer
-from .inject import WHAT_TO_DO, Sidecar, inject, isolation_problems
+from .inject import (
+    AUDIENCES_ENV,
+    INJECT_LABEL,
+    WHAT_TO_DO,
+    Sidecar,
+    api_audiences,
+    has_gateway,
+    inject,
+    isolation_problems,
+)
 from .kube import PLURAL, Kube
 
 LEDGERS = "effectledgers"
@@ -85,8 +96,10 @@ class Admission:
     four_eyes: bool
     signer: Signer | None = None
     trust: TrustStore = field(default_factory=TrustStore)
-    sidecar: Sidecar | None = None  # None: pods are not injected
+    sidecar: Sidecar | None = None  # None: labelled pods are refused (no gateway to give them)
     pod_context: PodContext | None = None
+    # what the API server accepts as its audience: a projected token for one is refused
+    api_audiences: frozenset[str] = field(default_factory=lambda: operator_api_audiences())
 
     def handlers(self) -> dict[str, Handler]:
         return {"validate-toolmanifest": self.validate_toolmanifest, "stamp-toolmanifest": self.stamp_toolmanifest,
@@ -147,23 +160,45 @@ class Admission:
         return []
 
     async def inject_gateway(self, req: Request, raw: Mapping[str, Any]) -> list[dict[str, Any]]:
-        """Fails open: a pod is never refused for want of a gateway (failure policy Ignore
-        covers an unreachable webhook; this covers trouble inside it). It is refused when its
-        own spec would hand the agent what the gateway keeps from it."""
-        if req.operation != "CREATE" or self.sidecar is None or self.pod_context is None:
+        """Fails closed: the webhook is called only for labelled pods, and a labelled pod is a
+        request to be governed, so it is never admitted without its gateway (an operator
+        without a gateway image, an unreadable bundle, an API error: refused, saying why).
+        It is refused too when its own spec would hand the agent what the gateway keeps."""
+        if req.operation != "CREATE" or has_gateway(req.new):
             return []
-        problems = isolation_problems(req.new)
-        if problems:
-            raise Refused(listed(problems, "this pod asks for an Unwind gateway but its spec would let the "
-                                           f"agent around it; {WHAT_TO_DO}:"), 400)
+        if self.sidecar is None or self.pod_context is None:
+            raise Refused(f"this pod is labelled {INJECT_LABEL}=true but the Unwind operator injects no "
+                          "gateway (it was started without --gateway-image, the chart's gateway.image); "
+                          f"set it, or {WHAT_TO_DO}", 503)
         spec = req.new.get("spec") if isinstance(req.new.get("spec"), Mapping) else {}
         account = str((spec or {}).get("serviceAccountName") or "default")
         try:
             scopes, secrets = await asyncio.to_thread(self.pod_context, req.namespace, account)
-            return inject(req.new, req.namespace, scopes, secrets, self.sidecar)
+        except Refused:
+            raise
         except Exception as exc:
-            log.error("not injecting the gateway into a pod in %s: %s", req.namespace, exc)
-            return []
+            raise Refused(f"the Unwind webhook could not read what this pod's gateway needs "
+                          f"({type(exc).__name__}: {str(exc)[:300]}), and a pod labelled {INJECT_LABEL}=true "
+                          "is not admitted without its gateway; try again", 503) from None
+        problems = isolation_problems(req.new, secrets, self.api_audiences)
+        if problems:
+            raise Refused(listed(problems, "this pod asks for an Unwind gateway but its spec would let the "
+                                           f"agent around it; {WHAT_TO_DO}:"), 400)
+        return inject(req.new, req.namespace, scopes, secrets, self.sidecar)
+
+
+OWN_TOKEN = "/var/run/secrets/kubernetes.io/serviceaccount/token"
+
+
+def operator_api_audiences(token_file: str = OWN_TOKEN) -> frozenset[str]:
+    """The API server's audiences as the operator knows them: the defaults,
+    ``$UNWIND_API_AUDIENCES``, and the ``aud``/``iss`` of its own token (in a pod)."""
+    try:
+        with open(token_file, encoding="utf-8") as f:
+            token = f.read()
+    except OSError:
+        token = ""
+    return api_audiences(os.environ.get(AUDIENCES_ENV, ""), token)
 
 
 def _request(request: Mapping[str, Any]) -> Request:

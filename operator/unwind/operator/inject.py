@@ -28,24 +28,35 @@ privilege escalation, every capability dropped, the runtime's default seccomp pr
 a compliant pod stays compliant with the gateway in it.
 
 Injection is idempotent (a pod that already has the gateway, in either form, is left
-alone) and fails open (failure policy Ignore): with the operator down, pods start without
-a gateway. A pod whose own spec would hand the agent what the gateway keeps from it
-(``isolation_problems``: a shared process namespace, the gateway's volumes, an API token of
-its own) is refused with what to change. The token the ServiceAccount admission plugin
-mounted (the Secret-based ``<sa>-token-*`` volume before 1.22, the projected
-``kube-api-access-*`` volume from 1.22 on) is not the pod's own: it is taken back from the
-agent's containers.
+alone) and fails closed for labelled pods: a labelled pod is a request to be governed, so
+it is never admitted without its gateway. The webhook selects only labelled pods (failure
+policy Fail: with the operator down the API server refuses them, and every other pod is
+admitted as usual), and trouble inside it refuses the pod too: an unreadable bundle
+(``gateway_secrets``), an API error, an operator started without a gateway image.
+
+A pod whose own spec would hand the agent what the gateway keeps from it
+(``isolation_problems``: a shared process namespace, the node's network, processes or
+files, the gateway's volumes, an API token of its own, the upstream Secrets) is refused
+with what to change. The token the ServiceAccount admission plugin mounted (the
+Secret-based ``<sa>-token-*`` volume before 1.22, the projected ``kube-api-access-*`` volume
+from 1.22 on) is not the pod's own: it is taken back from the agent's containers.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import copy
+import json
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ..bundle import BundleData, BundleError, load_bundle
 from ..gateway.quit import ENV as QUIT_ENV
+from ..registry.signing import TrustStore
+from .admission import Refused
 
 CONTAINER = "unwind-gateway"
 INJECT_LABEL = "unwind.dev/inject"
@@ -116,8 +127,14 @@ def _volume_name(secret: str) -> str:
 
 def _has_gateway(spec: Mapping[str, Any]) -> bool:
     """Whether the gateway is in the pod already, in either form."""
+    lists = [spec.get(kind) for kind in ("initContainers", "containers")]
     return any(isinstance(c, Mapping) and c.get("name") == CONTAINER
-               for kind in ("initContainers", "containers") for c in spec.get(kind) or [])
+               for items in lists if isinstance(items, list) for c in items)
+
+
+def has_gateway(pod: Mapping[str, Any]) -> bool:
+    spec = pod.get("spec")
+    return isinstance(spec, Mapping) and _has_gateway(spec)
 
 
 # What the gateway's container asks of the node: the Pod Security Standards' restricted
@@ -256,27 +273,126 @@ def is_plugin_token_volume(volume: Mapping[str, Any], spec: Mapping[str, Any]) -
             and all(m.get("mountPath") == SA_TOKEN_PATH for m in _mounts(spec, name)))
 
 
-def isolation_problems(pod: Mapping[str, Any]) -> list[str]:
+# Audiences the API server accepts by default (``--api-audiences`` defaults to the issuer,
+# and these are the issuers and audiences clusters are set up with); the operator adds the
+# cluster's own (``api_audiences``: its token's ``aud`` and ``iss``) and
+# ``$UNWIND_API_AUDIENCES``.
+DEFAULT_API_AUDIENCES = frozenset({"https://kubernetes.default.svc", "https://kubernetes.default.svc.cluster.local",
+                                   "kubernetes.default.svc", "kubernetes.default.svc.cluster.local"})
+AUDIENCES_ENV = "UNWIND_API_AUDIENCES"
+
+
+def token_audiences(token: str) -> set[str]:
+    """The audiences and issuer a ServiceAccount token names (its JWT claims ``aud`` and
+    ``iss``, read, not verified: it is the operator's own token). A token Kubernetes
+    projected without an audience carries every audience the API server accepts."""
+    parts = token.strip().split(".")
+    if len(parts) != 3:
+        return set()
+    try:
+        claims = json.loads(base64.urlsafe_b64decode(parts[1] + "=" * (-len(parts[1]) % 4)))
+    except (ValueError, binascii.Error):
+        return set()
+    if not isinstance(claims, dict):
+        return set()
+    aud = claims.get("aud")
+    found = [aud] if isinstance(aud, str) else [a for a in aud if isinstance(a, str)] if isinstance(aud, list) else []
+    iss = claims.get("iss")
+    return {a for a in [*found, iss] if isinstance(a, str) and a}
+
+
+def api_audiences(configured: str = "", token: str = "") -> frozenset[str]:
+    """What ``isolation_problems`` treats as an audience of the API server: the defaults,
+    the comma-separated ``configured`` ones (``$UNWIND_API_AUDIENCES``, the chart's
+    ``operator.apiAudiences``), and those of the operator's own ServiceAccount token."""
+    extra = {a.strip() for a in configured.split(",") if a.strip()}
+    return frozenset(DEFAULT_API_AUDIENCES | extra | token_audiences(token))
+
+
+def _for_api_server(audience: Any, audiences: frozenset[str]) -> bool:
+    if not audience:
+        return True  # no audience: the API server's own
+    wanted = str(audience).strip().rstrip("/").lower()
+    return any(wanted == a.rstrip("/").lower() for a in audiences)
+
+
+def _containers(spec: Mapping[str, Any]) -> Iterable[tuple[str, int, Mapping[str, Any]]]:
+    for kind in ("initContainers", "containers", "ephemeralContainers"):
+        items = spec.get(kind)
+        for c, container in enumerate(items if isinstance(items, list) else []):
+            if isinstance(container, Mapping):
+                yield kind, c, container
+
+
+def _secret_refs(spec: Mapping[str, Any]) -> Iterable[tuple[str, Any]]:
+    """(field path, Secret name) of every Secret the pod's own spec names: containers' env
+    and envFrom, secret volumes and projected secret sources."""
+    for kind, c, container in _containers(spec):
+        env = container.get("env")
+        for i, var in enumerate(env if isinstance(env, list) else []):
+            ref = (var.get("valueFrom") or {}).get("secretKeyRef") if isinstance(var, Mapping) else None
+            if isinstance(ref, Mapping):
+                yield f"spec.{kind}[{c}].env[{i}].valueFrom.secretKeyRef", ref.get("name")
+        env_from = container.get("envFrom")
+        for i, source in enumerate(env_from if isinstance(env_from, list) else []):
+            ref = source.get("secretRef") if isinstance(source, Mapping) else None
+            if isinstance(ref, Mapping):
+                yield f"spec.{kind}[{c}].envFrom[{i}].secretRef", ref.get("name")
+    volumes = spec.get("volumes")
+    for v, volume in enumerate(volumes if isinstance(volumes, list) else []):
+        if not isinstance(volume, Mapping):
+            continue
+        if isinstance(volume.get("secret"), Mapping):
+            yield f"spec.volumes[{v}].secret", volume["secret"].get("secretName")
+        projected = volume.get("projected")
+        sources = projected.get("sources") if isinstance(projected, Mapping) else None
+        for i, source in enumerate(sources if isinstance(sources, list) else []):
+            ref = source.get("secret") if isinstance(source, Mapping) else None
+            if isinstance(ref, Mapping):
+                yield f"spec.volumes[{v}].projected.sources[{i}].secret", ref.get("name")
+
+
+def _host_problems(spec: Mapping[str, Any]) -> Iterable[str]:
+    """The node's processes, network and files: each reaches the gateway's token or port."""
+    for field in ("shareProcessNamespace", "hostPID"):
+        if spec.get(field) is True:
+            yield (f"spec.{field}: true lets the agent's containers read the gateway's token and "
+                   "Secrets through /proc; leave it unset for an agent pod")
+    if spec.get("hostNetwork") is True:
+        yield ("spec.hostNetwork: true puts the gateway's port (127.0.0.1:8787) on the node, where every "
+               "other host-network pod and process calls tools as this agent; leave it unset for an agent pod")
+    volumes = spec.get("volumes")
+    for v, volume in enumerate(volumes if isinstance(volumes, list) else []):
+        if isinstance(volume, Mapping) and volume.get("hostPath") is not None:
+            yield (f"spec.volumes[{v}].hostPath: a directory of the node lets the agent read the gateway's "
+                   "token and Secrets where the kubelet keeps them; use an emptyDir, a ConfigMap or a "
+                   "PersistentVolumeClaim")
+    for kind, c, container in _containers(spec):
+        context = container.get("securityContext")
+        if isinstance(context, Mapping) and context.get("privileged") is True:
+            yield (f"spec.{kind}[{c}].securityContext.privileged: true gives the container the node, and "
+                   "with it the gateway's token and Secrets; an agent's container runs unprivileged")
+
+
+def isolation_problems(pod: Mapping[str, Any], secrets: Iterable[str] = (),
+                       audiences: frozenset[str] = DEFAULT_API_AUDIENCES) -> list[str]:
     """What in a pod's own spec would let its agent reach what the gateway keeps from it
-    (the ServiceAccount token that writes the ledger, the upstream Secrets), one line per
-    field, each saying why. Empty when the pod is fine (or already has the gateway)."""
+    (the ServiceAccount token that writes the ledger, the upstream ``secrets`` the
+    namespace's manifests name), one line per field, each saying why and what to change.
+    ``audiences`` are those the API server accepts (``api_audiences``). Empty when the pod
+    is fine (or already has the gateway)."""
     spec = pod.get("spec") if isinstance(pod.get("spec"), Mapping) else None
     if not isinstance(spec, Mapping) or _has_gateway(spec):
         return []
-    out = []
-    for field in ("shareProcessNamespace", "hostPID"):
-        if spec.get(field) is True:
-            out.append(f"spec.{field}: true lets the agent's containers read the gateway's token and "
-                       "Secrets through /proc; leave it unset for an agent pod")
-    for kind in ("initContainers", "containers", "ephemeralContainers"):
-        for c, container in enumerate(spec.get(kind) or []):
-            if not isinstance(container, Mapping):
-                continue
-            for m, mount in enumerate(container.get("volumeMounts") or []):
-                if isinstance(mount, Mapping) and _is_gateway_volume(mount.get("name")):
-                    out.append(f"spec.{kind}[{c}].volumeMounts[{m}]: volume {mount.get('name')!r} is the "
-                               "gateway's alone; mount it in no container of yours")
-    for v, volume in enumerate(spec.get("volumes") or []):
+    out = list(_host_problems(spec))
+    for kind, c, container in _containers(spec):
+        mounts = container.get("volumeMounts")
+        for m, mount in enumerate(mounts if isinstance(mounts, list) else []):
+            if isinstance(mount, Mapping) and _is_gateway_volume(mount.get("name")):
+                out.append(f"spec.{kind}[{c}].volumeMounts[{m}]: volume {mount.get('name')!r} is the "
+                           "gateway's alone; mount it in no container of yours")
+    volumes = spec.get("volumes")
+    for v, volume in enumerate(volumes if isinstance(volumes, list) else []):
         if not isinstance(volume, Mapping):
             continue
         if _is_gateway_volume(volume.get("name")):
@@ -284,16 +400,44 @@ def isolation_problems(pod: Mapping[str, Any]) -> list[str]:
                        "volumes; rename it")
         if is_plugin_token_volume(volume, spec):  # not the pod's own: injection takes it back
             continue
-        sources = (volume.get("projected") or {}).get("sources") if isinstance(volume.get("projected"), Mapping) \
-            else None
-        for i, source in enumerate(sources or []):
+        projected = volume.get("projected")
+        sources = projected.get("sources") if isinstance(projected, Mapping) else None
+        for i, source in enumerate(sources if isinstance(sources, list) else []):
             token = source.get("serviceAccountToken") if isinstance(source, Mapping) else None
-            if isinstance(token, Mapping) and not token.get("audience"):
+            if isinstance(token, Mapping) and _for_api_server(token.get("audience"), audiences):
+                said = f"audience {token.get('audience')!r}, which the API server accepts" \
+                    if token.get("audience") else "no audience: the API server's"
                 out.append(f"spec.volumes[{v}].projected.sources[{i}].serviceAccountToken: a token for the "
-                           "API server in an agent's pod lets the agent write its own ledger as its gateway "
-                           "does; give it the audience of the service it is for, or remove it (the token "
-                           f"Kubernetes mounts at {SA_TOKEN_PATH} is taken back without asking)")
+                           f"API server ({said}) in an agent's pod lets the agent write its own ledger as its "
+                           "gateway does; give it the audience of the service it is for, or remove it (the "
+                           f"token Kubernetes mounts at {SA_TOKEN_PATH} is taken back without asking)")
+    kept = set(secrets)
+    for path, name in _secret_refs(spec):
+        if isinstance(name, str) and name in kept:
+            out.append(f"{path}: Secret {name!r} holds credentials this namespace's ToolManifests send "
+                       "upstream, which only the gateway may hold (it mounts the Secret itself); take it "
+                       "out of the pod, or give the agent a Secret of its own")
     return out
+
+
+BUNDLE_WHAT_TO_DO = ("the operator rewrites it on its next reconcile (within seconds while it runs); "
+                     "if this persists, check who edited it (only the operator writes unwind-bundle)")
+
+
+def gateway_secrets(bundle: BundleData, trust: TrustStore, namespace: str) -> set[str]:
+    """The upstream Secrets the gateway of a pod in ``namespace`` mounts: those the
+    manifests of its verified bundle name (none while the namespace has no bundle yet: the
+    gateway waits for one). A bundle that is there but cannot be read or verified refuses
+    the pod: its gateway would start without the Secrets, or never (``Refused``, 503)."""
+    if not bundle:
+        return set()
+    try:
+        manifests = load_bundle(bundle, trust, namespace=namespace).manifests.values()
+    except BundleError as exc:
+        raise Refused(f"the namespace's signed bundle unwind-bundle cannot be read ({exc}), and a pod "
+                      f"labelled {INJECT_LABEL}=true is not admitted without its gateway; "
+                      f"{BUNDLE_WHAT_TO_DO}", 503) from None
+    return header_secrets(manifests)
 
 
 def _remove_token_mounts(spec: Mapping[str, Any]) -> list[dict[str, Any]]:

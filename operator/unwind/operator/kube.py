@@ -20,11 +20,11 @@ from kubernetes.client.exceptions import ApiException
 
 from .. import API_GROUP, API_VERSION
 from ..api.conditions import now_rfc3339
-from ..bundle import BUNDLE_NAME, SHARD_PREFIX, BundleData, BundleError, load_bundle, read_root
+from ..bundle import BUNDLE_NAME, SHARD_PREFIX, BundleData, BundleError, read_root
 from ..registry.signing import TrustStore
 from .approval import ApprovalObject
 from .identity import APPLIED, APPROVER
-from .inject import SCOPES_ANNOTATION, header_secrets
+from .inject import SCOPES_ANNOTATION, gateway_secrets
 from .reconcile import Event, ManifestObject, Revision
 
 log = logging.getLogger("unwind.operator")
@@ -182,7 +182,8 @@ class Kube:
     def pod_context(self, trust: Callable[[], TrustStore]) -> Callable[[str, str], tuple[str | None, set[str]]]:
         """For the injection webhook: a ServiceAccount's scopes annotation, and the Secrets
         the namespace's enforced manifests name for upstream headers (from its verified
-        bundle; none while it has no bundle that verifies)."""
+        bundle; none while it has no bundle yet; a bundle that does not verify refuses the
+        pod: ``inject.gateway_secrets``)."""
         def read(namespace: str, account: str) -> tuple[str | None, set[str]]:
             try:
                 sa = _json(self.core.read_namespaced_service_account(account, namespace, _preload_content=False))
@@ -192,11 +193,7 @@ class Kube:
                     raise
                 scopes = None
             data, _, _ = self._bundle(namespace)
-            try:
-                manifests = load_bundle(data, trust(), namespace=namespace).manifests.values() if data else []
-            except BundleError:
-                manifests = []
-            return scopes, header_secrets(manifests)
+            return scopes, gateway_secrets(data, trust(), namespace)
         return read
 
     def update_ledger(self, namespace: str, name: str,
