@@ -267,8 +267,8 @@ def test_the_webhooks_fail_closed_skip_the_operator_namespace_and_go_through_the
                                           "toolmanifests.stamp.unwind.dev", "approvals.stamp.unwind.dev",
                                           "effectledgers.stamp.unwind.dev", "pods.inject.unwind.dev"}
     for hook in hooks:
-        # pods fail open: a pod without a gateway rather than no pod; the rest fail closed
-        assert hook["failurePolicy"] == ("Ignore" if hook["name"].startswith("pods.") else "Fail")
+        # every webhook fails closed, the pods' too: it selects only labelled pods
+        assert hook["failurePolicy"] == "Fail"
         assert hook["sideEffects"] == "None" and hook["timeoutSeconds"] == 5
         assert hook["namespaceSelector"]["matchExpressions"] == [
             {"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": [NAMESPACE]}]
@@ -277,6 +277,60 @@ def test_the_webhooks_fail_closed_skip_the_operator_namespace_and_go_through_the
     args = operator_container(objects)["args"]
     assert {"--webhook-port=9443", "--webhook-service=unwind-webhook", "--webhook-configuration=unwind",
             "--four-eyes=true"} <= set(args)
+
+
+def test_the_injection_webhook_fails_closed_only_for_pods_labelled_to_be_governed(chart: Any) -> None:
+    (hook,) = [h for h in only(render(chart), "MutatingWebhookConfiguration")["webhooks"]
+               if h["name"] == "pods.inject.unwind.dev"]
+    assert hook["failurePolicy"] == "Fail"
+    assert hook["objectSelector"] == {"matchLabels": {"unwind.dev/inject": "true"}}
+    assert hook["rules"] == [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"],
+                              "resources": ["pods"], "scope": "Namespaced"}]
+
+
+def test_the_webhook_port_is_closed_to_all_but_the_api_server_by_a_network_policy(chart: Any) -> None:
+    assert not [o for o in render(chart) if o["kind"] == "NetworkPolicy"]  # off by default: needs the CIDRs
+    values = {"webhook": {"networkPolicy": {"enabled": True, "apiServerCIDRs": ["10.0.0.0/28", "192.168.1.5/32"]}}}
+    objects = render(chart, values)
+    policy = only(objects, "NetworkPolicy")
+    deployment = only(objects, "Deployment")
+    assert policy["metadata"]["namespace"] == NAMESPACE
+    assert policy["spec"]["podSelector"] == {"matchLabels": deployment["spec"]["selector"]["matchLabels"]}
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    webhook, others = policy["spec"]["ingress"]
+    assert webhook == {"from": [{"ipBlock": {"cidr": "10.0.0.0/28"}}, {"ipBlock": {"cidr": "192.168.1.5/32"}}],
+                       "ports": [{"port": "webhook", "protocol": "TCP"}]}
+    assert "from" not in others and {p["port"] for p in others["ports"]} == {"health", "metrics"}
+    ports = {p["name"] for p in operator_container(objects)["ports"]}
+    assert ports == {"webhook", "health", "metrics"}
+    with pytest.raises(Exception, match="apiServerCIDRs"):
+        render(chart, {"webhook": {"networkPolicy": {"enabled": True}}})
+    with pytest.raises(helm.HelmValuesError, match="apiServerCIDRs"):
+        render(chart, {"webhook": {"networkPolicy": {"enabled": True, "apiServerCIDRs": ["the api server"]}}})
+
+
+def test_a_client_ca_makes_the_operator_answer_only_certified_callers(chart: Any) -> None:
+    plain = operator_container(render(chart))
+    assert not {e["name"] for e in plain["env"]} & {"UNWIND_WEBHOOK_CLIENT_CA", "UNWIND_WEBHOOK_CLIENT_NAMES"}
+    objects = render(chart, {"webhook": {"clientAuth": {"caConfigMap": "apiserver-webhook-client-ca",
+                                                        "names": ["kube-apiserver-webhook"]}}})
+    container = operator_container(objects)
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["UNWIND_WEBHOOK_CLIENT_CA"] == "/etc/unwind/webhook-client-ca/ca.crt"
+    assert env["UNWIND_WEBHOOK_CLIENT_NAMES"] == "kube-apiserver-webhook"
+    assert {"name": "webhook-client-ca", "mountPath": "/etc/unwind/webhook-client-ca",
+            "readOnly": True} in container["volumeMounts"]
+    volumes = only(objects, "Deployment")["spec"]["template"]["spec"]["volumes"]
+    assert {"name": "webhook-client-ca", "configMap": {"name": "apiserver-webhook-client-ca",
+                                                      "items": [{"key": "ca.crt", "path": "ca.crt"}]}} in volumes
+
+
+def test_the_api_servers_audiences_reach_the_operator(chart: Any) -> None:
+    env = {e["name"]: e.get("value") for e in operator_container(render(chart))["env"]}
+    assert env["UNWIND_API_AUDIENCES"] == ""
+    values = {"operator": {"apiAudiences": ["https://oidc.example/prod", "vault"]}}
+    env = {e["name"]: e.get("value") for e in operator_container(render(chart, values))["env"]}
+    assert env["UNWIND_API_AUDIENCES"] == "https://oidc.example/prod,vault"
 
 
 def test_a_webhook_url_replaces_the_service_for_an_operator_outside_the_cluster(chart: Any) -> None:

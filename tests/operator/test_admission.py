@@ -411,3 +411,75 @@ def test_the_upstream_secret_in_the_agents_env_refuses_the_pod_at_admission() ->
     message = answer["status"]["message"]
     assert "- spec.hostNetwork: true" in message and "- spec.containers[0].env[0].valueFrom.secretKeyRef:" in message
     assert inject_review(agent_pod(), lambda ns, sa: ("shop:read", {"stripe"}))["patchType"] == "JSONPatch"
+
+
+# ---- the webhook server answers only the API server when given its client CA ----------------
+
+def test_a_caller_without_the_api_servers_client_certificate_gets_no_stamp(tmp_path: Any) -> None:
+    import asyncio
+    import datetime as dt
+    import socket
+    import ssl
+
+    import aiohttp
+
+    from unwind.operator.certs import issue, new_ca
+    from unwind.operator.hooks import Admission
+    from unwind.operator.webhook import ClientAuth, TLSKeeper, WebhookServer
+
+    now = dt.datetime.now(dt.UTC)
+    day = dt.timedelta(days=1)
+    serving_ca, serving_ca_key = new_ca(now, day)
+    client_ca, client_ca_key = new_ca(now, day)
+    other_ca, other_ca_key = new_ca(now, day)
+    (tmp_path / "client-ca.crt").write_text(client_ca)
+    for name, (ca, key), cn in (("apiserver", (client_ca, client_ca_key), "kube-apiserver-webhook"),
+                                ("kubelet", (client_ca, client_ca_key), "system:node:n1"),
+                                ("forger", (other_ca, other_ca_key), "kube-apiserver-webhook")):
+        cert, private = issue(ca, key, [cn], now, day, client=True)
+        (tmp_path / f"{name}.pem").write_text(cert + private)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+
+    async def run() -> dict[str, Any]:
+        keeper = TLSKeeper(None, "unwind-system", ["127.0.0.1"], [])  # type: ignore[arg-type]
+        keeper._load(*issue(serving_ca, serving_ca_key, ["127.0.0.1"], now, day))
+        keeper.ready.set()
+        server = WebhookServer(keeper, Admission(lambda *_: None, "unwind-system", True, signer, TRUST),
+                               "127.0.0.1", port, ClientAuth(str(tmp_path / "client-ca.crt"),
+                                                             ("kube-apiserver-webhook",)))
+        task = asyncio.create_task(server.serve())
+        await asyncio.sleep(0.5)
+        body = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+                "request": {"uid": "r", "operation": "CREATE", "namespace": "shop", "object": tm(READ),
+                            "userInfo": {"username": "admin", "groups": ["system:masters"]}}}
+        out: dict[str, Any] = {}
+        for who in ("apiserver", "kubelet", "forger", None):
+            context = ssl.create_default_context(cadata=serving_ca)
+            if who:
+                context.load_cert_chain(str(tmp_path / f"{who}.pem"))
+            try:
+                async with aiohttp.ClientSession() as session, session.post(
+                        f"https://127.0.0.1:{port}/stamp-toolmanifest", json=body, ssl=context) as answer:
+                    out[str(who)] = answer.status
+            except (aiohttp.ClientError, ssl.SSLError, OSError) as exc:
+                out[str(who)] = type(exc).__name__
+        task.cancel()
+        return out
+
+    statuses = asyncio.run(run())
+    assert statuses["apiserver"] == 200
+    assert statuses["kubelet"] == 403  # signed by the CA, not a name the operator answers
+    assert statuses["forger"] != 200 and statuses["None"] != 200  # refused in the TLS handshake
+
+
+def test_client_names_without_a_client_ca_are_a_configuration_error() -> None:
+    import ssl
+
+    from unwind.operator.webhook import ClientAuth
+
+    with pytest.raises(ValueError, match="UNWIND_WEBHOOK_CLIENT_CA"):
+        ClientAuth("", ("kube-apiserver",)).require(ssl.create_default_context(ssl.Purpose.CLIENT_AUTH))
+    with pytest.raises(ValueError, match="cannot load the webhook client CA"):
+        ClientAuth("/nonexistent/ca.crt").require(ssl.create_default_context(ssl.Purpose.CLIENT_AUTH))

@@ -76,8 +76,10 @@ def _san(names: Sequence[str]) -> list[x509.GeneralName]:
 
 
 def issue(ca_cert_pem: str, ca_key_pem: str, names: Sequence[str], now: dt.datetime,
-          lifetime: dt.timedelta) -> tuple[str, str]:
-    """A serving certificate for ``names`` (DNS names or IP addresses), signed by the CA."""
+          lifetime: dt.timedelta, *, client: bool = False) -> tuple[str, str]:
+    """A serving certificate for ``names`` (DNS names or IP addresses), signed by the CA;
+    with ``client`` a client certificate for ``names[0]`` (what the API server presents to
+    webhooks that ask for one)."""
     ca = x509.load_pem_x509_certificate(ca_cert_pem.encode())
     ca_key = serialization.load_pem_private_key(ca_key_pem.encode(), password=None)
     assert isinstance(ca_key, ec.EllipticCurvePrivateKey)
@@ -88,7 +90,8 @@ def issue(ca_cert_pem: str, ca_key_pem: str, names: Sequence[str], now: dt.datet
             .serial_number(x509.random_serial_number())
             .add_extension(x509.SubjectAlternativeName(_san(names)), critical=False)
             .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH if client
+                                                  else ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
             .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
             .sign(ca_key, hashes.SHA256()))
     return _cert_pem(cert), _key_pem(key)

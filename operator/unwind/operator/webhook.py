@@ -9,6 +9,15 @@ ones finish.
 webhook configuration's ``caBundle`` holds the CA *before* a certificate it issued is
 served, and loads the certificate. Every replica runs it; writes use resourceVersion
 preconditions, so two replicas renewing at once converge on one certificate.
+
+Who may call: whoever reaches the port can ask for an identity stamp for any identity it
+names in a made-up AdmissionReview (a stamp binds one object, so it is no use on another,
+but the identity is the caller's word). ``ClientAuth`` makes the server answer only callers
+with a client certificate from a CA the operator is given (``UNWIND_WEBHOOK_CLIENT_CA``,
+the chart's ``webhook.clientAuth``; the API server presents one when its
+``--admission-control-config-file`` names a kubeconfig for the webhook), optionally only
+certain common names; the chart's NetworkPolicy limits the port to the API server's
+addresses where the network plugin enforces it.
 """
 
 from __future__ import annotations
@@ -157,6 +166,48 @@ class TLSKeeper:
         self.loaded = cert
 
 
+CLIENT_CA_ENV, CLIENT_NAMES_ENV = "UNWIND_WEBHOOK_CLIENT_CA", "UNWIND_WEBHOOK_CLIENT_NAMES"
+
+
+@dataclass(frozen=True)
+class ClientAuth:
+    """Which callers the webhook server answers: with ``ca_file``, only those presenting a
+    client certificate it signed (the TLS handshake fails for the others), and with
+    ``names`` only those whose certificate's common name is one of them."""
+
+    ca_file: str = ""
+    names: tuple[str, ...] = ()
+
+    @classmethod
+    def from_env(cls) -> ClientAuth:
+        names = tuple(n.strip() for n in os.environ.get(CLIENT_NAMES_ENV, "").split(",") if n.strip())
+        return cls(os.environ.get(CLIENT_CA_ENV, "").strip(), names)
+
+    def require(self, context: ssl.SSLContext) -> None:
+        if not self.ca_file:
+            if self.names:
+                raise ValueError(f"{CLIENT_NAMES_ENV} names client certificates but {CLIENT_CA_ENV} names no CA "
+                                 "to check them with: set both (the chart's webhook.clientAuth)")
+            return
+        try:
+            context.load_verify_locations(cafile=self.ca_file)
+        except (OSError, ssl.SSLError) as exc:
+            raise ValueError(f"{CLIENT_CA_ENV}={self.ca_file}: cannot load the webhook client CA ({exc}); "
+                             "it must hold the PEM certificate that signs the API server's webhook client "
+                             "certificate") from None
+        context.verify_mode = ssl.CERT_REQUIRED
+
+    def refusal(self, peer: Any) -> str | None:
+        """Why a caller with this (verified) peer certificate is not answered, or None."""
+        if not self.names:
+            return None
+        common = [value for rdn in (peer or {}).get("subject", ()) for key, value in rdn if key == "commonName"]
+        if any(name in self.names for name in common):
+            return None
+        return (f"the client certificate's common name {', '.join(common) or '(none)'} is not one of "
+                f"{', '.join(self.names)} ({CLIENT_NAMES_ENV})")
+
+
 @dataclass
 class WebhookServer:
     """HTTPS for the admission webhooks, with the keeper's live SSL context: POST /<handler>
@@ -166,9 +217,20 @@ class WebhookServer:
     admission: Admission
     addr: str = "0.0.0.0"
     port: int = 9443
+    clients: ClientAuth = field(default_factory=ClientAuth.from_env)
 
     async def serve(self) -> None:
+        self.clients.require(self.tls.context)  # before the first certificate: no unchecked caller
         await self.tls.ready.wait()
+
+        @aiohttp.web.middleware
+        async def callers(request: aiohttp.web.Request, handler: Any) -> aiohttp.web.StreamResponse:
+            why = self.clients.refusal(request.transport.get_extra_info("peercert") if request.transport else None)
+            if why is not None:
+                log.warning("webhook: refused a caller from %s: %s", request.remote, why)
+                raise aiohttp.web.HTTPForbidden(reason="this webhook answers only the API server")
+            response: aiohttp.web.StreamResponse = await handler(request)
+            return response
 
         async def review(request: aiohttp.web.Request) -> aiohttp.web.Response:
             try:
@@ -185,7 +247,7 @@ class WebhookServer:
             return aiohttp.web.json_response({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
                                               "response": {"uid": uid, "allowed": True}})
 
-        app = aiohttp.web.Application(client_max_size=3 * 1024 * 1024)
+        app = aiohttp.web.Application(client_max_size=3 * 1024 * 1024, middlewares=[callers])
         app.add_routes([aiohttp.web.post(NOOP_PATH, noop), aiohttp.web.post("/{id}", review)])
         runner = aiohttp.web.AppRunner(app, handle_signals=False, access_log=None)
         await runner.setup()
