@@ -11,7 +11,7 @@ import pytest
 
 from unwind.ledger.entry import Entry, Times
 from unwind.ledger.filestore import FileLocks, FileStore, LedgerDirError
-from unwind.ledger.store import EntryExists, Holder, Stale, StoreUnavailable
+from unwind.ledger.store import EntryExists, Holder, NotOwner, RunFull, Stale, StoreUnavailable
 
 
 def entry(id_: str, state: str = "pending") -> Entry:
@@ -26,7 +26,8 @@ def test_a_ledger_file_holds_the_effect_ledger_object(tmp_path: Path) -> None:
     assert list(obj) == ["apiVersion", "kind", "metadata", "spec", "status"]
     assert obj["apiVersion"] == "unwind.dev/v1alpha1" and obj["kind"] == "EffectLedger"
     assert obj["metadata"]["name"] == "run-1"
-    assert obj["spec"] == {"run": "run-1", "page": 1}
+    assert obj["spec"] == {"run": "run-1", "page": 1, "owner": "me"}
+    assert len(obj["metadata"]["uid"]) == 36  # a UUID, as the API server gives every object
     assert obj["status"]["entries"][0]["id"] == "e1"
     assert obj["status"]["entries"][0]["seq"] == 1
     assert obj["status"]["entryCount"] == 1 and obj["status"]["lastState"] == "pending"
@@ -114,3 +115,58 @@ def test_a_key_lock_has_one_holder_until_it_is_released(tmp_path: Path) -> None:
     assert not locks._remove_if("k", b)
     assert locks._remove_if("k", a)
     assert locks.acquire_sync("k", b) is None
+
+
+def test_a_run_takes_entries_only_of_the_actor_whose_entry_created_it(tmp_path: Path) -> None:
+    store = FileStore(tmp_path, page_bytes=400)
+    store.create_sync("run-1", entry("e1"))
+    for n in range(2, 5):
+        store.create_sync("run-1", entry(f"e{n}"))  # past the first page: page 1 keeps the owner
+    intruder = entry("x1").model_copy(update={"actor": "someone-else"})
+    with pytest.raises(NotOwner) as caught:
+        FileStore(tmp_path).create_sync("run-1", intruder)
+    assert caught.value.owner == "me"
+    with pytest.raises(NotOwner):
+        store.update_sync("run-1", "e1", lambda e: e.model_copy(update={"actor": "someone-else"}))
+    assert [e.actor for e in store.entries_sync("run-1")] == ["me"] * 4
+
+
+def test_a_ledger_written_before_owners_is_owned_by_its_first_entrys_actor(tmp_path: Path) -> None:
+    store = FileStore(tmp_path)
+    store.create_sync("run-1", entry("e1"))
+    path = tmp_path / "run-1.json"
+    obj = json.loads(path.read_text())
+    del obj["spec"]["owner"]
+    path.write_text(json.dumps(obj))
+    with pytest.raises(NotOwner):
+        FileStore(tmp_path).create_sync("run-1", entry("x1").model_copy(update={"actor": "other"}))
+    FileStore(tmp_path).create_sync("run-1", entry("e2"))
+
+
+def test_a_run_takes_no_entry_past_its_limit(tmp_path: Path) -> None:
+    store = FileStore(tmp_path)
+    for n in range(3):
+        store.create_sync("run-1", entry(f"e{n}"), max_entries=3)
+    with pytest.raises(RunFull):
+        store.create_sync("run-1", entry("e3"), max_entries=3)
+    assert len(store.entries_sync("run-1")) == 3
+
+
+def test_two_gateways_first_calls_on_a_brand_new_run_leave_it_to_exactly_one_actor(
+        tmp_path: Path) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    def first_call(args: tuple[str, str]) -> str:
+        run, actor = args
+        try:  # a store of its own, as another process would have
+            FileStore(tmp_path).create_sync(run, entry(f"by-{actor}").model_copy(update={"actor": actor}))
+            return "created"
+        except NotOwner:
+            return "refused"
+
+    for n in range(10):
+        with ThreadPoolExecutor(2) as pool:
+            outcomes = list(pool.map(first_call, [(f"new-{n}", "a"), (f"new-{n}", "b")]))
+        assert sorted(outcomes) == ["created", "refused"]
+        [only] = FileStore(tmp_path).entries_sync(f"new-{n}")
+        assert json.loads((tmp_path / f"new-{n}.json").read_text())["spec"]["owner"] == only.actor

@@ -69,7 +69,12 @@ def cmd_gateway(args: argparse.Namespace) -> int:
         logging.getLogger("unwind.gateway").warning(
             "no --scopes: every call is refused (permission_denied); give e.g. --scopes "
             "payments:write,repo:write (or '*' for all)")
-    settings = Settings(scopes=scopes, actor=parts.actor, identities=parts.identities)
+    try:
+        limits = _limits(args)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    settings = Settings(scopes=scopes, actor=parts.actor, identities=parts.identities, **limits)
     secrets_dir = args.secrets_dir or os.environ.get("UNWIND_SECRETS_DIR") or None
     gateway = Gateway(parts.catalogue, parts.store, parts.locks, Upstream(),
                       LocalSecrets(secrets_dir), settings, metrics)
@@ -98,6 +103,33 @@ def cmd_gateway_quit(args: argparse.Namespace) -> int:
     print(request_quit(args.gateway or os.environ.get("UNWIND_GATEWAY") or f"http://{DEFAULT_LISTEN}"),
           file=sys.stderr)
     return 0
+
+
+def _limits(args: argparse.Namespace) -> dict[str, Any]:
+    """--max-runs, --runs-window and --max-entries-per-run, else their UNWIND_ variables,
+    else the defaults (1000 runs per hour, 10000 entries per run); 0 turns a limit off."""
+    from datetime import timedelta
+
+    out: dict[str, Any] = {}
+    for flag, env, key in (("max_runs", "UNWIND_MAX_RUNS", "max_runs"),
+                           ("runs_window", "UNWIND_RUNS_WINDOW", "runs_window"),
+                           ("max_entries_per_run", "UNWIND_MAX_ENTRIES_PER_RUN", "max_entries")):
+        given = getattr(args, flag, None)
+        text = str(given) if given is not None else os.environ.get(env)
+        if text is None:
+            continue
+        name = "--" + flag.replace("_", "-")
+        if not text.strip().isdigit():
+            raise ValueError(f"{name} (or {env}) {text!r}: give a whole number, 0 or more"
+                             + (" (seconds)" if key == "runs_window" else " (0: no limit)"))
+        value = int(text)
+        if key == "runs_window":
+            if value < 1:
+                raise ValueError(f"{name} (or {env}): give at least 1 second")
+            out[key] = timedelta(seconds=value)
+        else:
+            out[key] = value or None
+    return out
 
 
 class _SetupError(Exception):
@@ -296,6 +328,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--api-timeout", type=float, default=5.0, metavar="S",
                    help="in a pod: the longest an API request may take; past it the call gets "
                    "503 (default 5)")
+    p.add_argument("--max-runs", metavar="N", help="the most distinct runs (X-Unwind-Run) this "
+                   "gateway writes per --runs-window; past it a call into a new run gets 429 "
+                   "rate_limited (default UNWIND_MAX_RUNS, else 1000; 0: no limit)")
+    p.add_argument("--runs-window", metavar="S", help="the window of --max-runs, in seconds "
+                   "(default UNWIND_RUNS_WINDOW, else 3600)")
+    p.add_argument("--max-entries-per-run", metavar="N", help="the most entries one run's "
+                   "ledger takes; past it a call gets 429 rate_limited (default "
+                   "UNWIND_MAX_ENTRIES_PER_RUN, else 10000; 0: no limit)")
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     p.add_argument("--benchmark-memory-store", action="store_true", help=argparse.SUPPRESS)
     p.set_defaults(func=cmd_gateway)

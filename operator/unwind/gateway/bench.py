@@ -230,7 +230,8 @@ def main(argv: list[str] | None = None) -> int:
                 proc = subprocess.Popen(
                     [sys.executable, "-m", "unwind.cli.main", "gateway", "--manifests",
                      str(manifest), "--listen", f"127.0.0.1:{port}", "--scopes", "bench:write",
-                     "--log-level", "warning", *store], env=_env(), stderr=subprocess.DEVNULL)
+                     "--log-level", "warning", "--max-entries-per-run", "0", *store],
+                    env=_env(), stderr=subprocess.DEVNULL)
                 procs.append(proc)
                 _wait(port, proc)
                 return port, proc

@@ -100,7 +100,7 @@ def cluster_gateway(manifest_yaml: str, env: dict[str, str], free_port: int, *,
         proc = subprocess.Popen(
             [sys.executable, "-m", "unwind.cli.main", "gateway", "--cluster", "--listen",
              f"127.0.0.1:{free_port}", "--scopes", "bench:write", "--log-level", "warning",
-             "--ledger-page-kib", str(page_kib)],
+             "--ledger-page-kib", str(page_kib), "--max-entries-per-run", "0"],
             env={**env, **variables}, stderr=subprocess.DEVNULL)
         try:
             _wait_ready(free_port, proc)

@@ -44,6 +44,8 @@ from ..ledger.store import (
     EntryMissing,
     Holder,
     Locks,
+    NotOwner,
+    RunFull,
     Stale,
     Store,
     StoreUnavailable,
@@ -91,6 +93,12 @@ class Settings:
     # A key lock whose entry is not stored yet stands this long: its writer is between
     # taking the lock and writing ahead. Only a crash leaves one longer.
     lock_grace: timedelta = timedelta(seconds=30)
+    # What one agent may create (docs/gateway.md, "Limits"): distinct runs this gateway
+    # writes per window, and entries per run. None or 0: no limit.
+    max_runs: int | None = 1000
+    runs_window: timedelta = timedelta(hours=1)
+    max_entries: int | None = 10_000
+
 
 
 @dataclass
@@ -112,6 +120,14 @@ class _Call:
         return "sha256:" + hashlib.sha256(canonical_json(self.req.arguments)).hexdigest()
 
 
+def _span(window: timedelta) -> str:
+    seconds = int(window.total_seconds())
+    for unit, size in (("h", 3600), ("m", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{seconds // size}{unit}"
+    return f"{seconds}s"
+
+
 class Gateway:
     def __init__(self, catalogue: Catalogue, store: Store, locks: Locks, upstream: Upstream,
                  secrets: Secrets, settings: Settings, metrics: Metrics | None = None,
@@ -120,7 +136,8 @@ class Gateway:
         self.upstream, self.secrets, self.settings = upstream, secrets, settings
         self.metrics = metrics or Metrics()
         self.clock = clock
-        self._own_runs: set[str] = set()  # runs whose ledger holds no other actor's entries
+        self._own_runs: set[str] = set()  # runs whose ledger records this actor as owner
+        self._runs_used: dict[str, datetime] = {}  # run -> first write in the current window
 
     # ---- the entry point ----
 
@@ -165,20 +182,54 @@ class Gateway:
         return result
 
     async def _run_is_ours(self, c: _Call) -> None:
-        """A gateway writes only runs whose ledger holds no other actor's entries: an agent
-        must not hide its calls in another agent's run (whose rollback would then undo them
-        while its own missed them), nor write refusals there. Checked once per run."""
+        """A gateway writes only runs its actor owns: an agent must not hide its calls in
+        another agent's run (whose rollback would then undo them while its own missed
+        them), nor write refusals there. This read answers early and clearly; what decides
+        is the store, which checks the owner in the same locked (or conditional) write as
+        each entry. Only an owner recorded as this actor is remembered: a run with no
+        ledger yet (a dry run's, say) belongs to whoever writes it first."""
         run = c.req.run
         if run in self._own_runs:
             return
-        entries = await self.ledger(self.store.entries(run))
-        others = sorted({e.actor for e in entries if e.actor and e.actor != self.settings.actor})
-        if others:
+        owner = await self.ledger(self.store.owner(run))
+        if owner is not None and owner != self.settings.actor:
             c.record = False
-            raise Refusal("permission_denied", f"run {run} is recorded as {', '.join(others)}'s and this "
-                          f"gateway acts as {self.settings.actor}: a gateway writes only its own runs; "
-                          "send another X-Unwind-Run")
-        self._own_runs.add(run)
+            raise self._not_ours(run, owner)
+        if owner is not None:
+            self._own_runs.add(run)
+
+    def _not_ours(self, run: str, owner: str) -> Refusal:
+        return Refusal("permission_denied", f"run {run} is recorded as {owner}'s and this gateway "
+                       f"acts as {self.settings.actor}: a gateway writes (and reads) only its own "
+                       "runs; send another X-Unwind-Run")
+
+    def _room_for_run(self, c: _Call) -> None:
+        """At most ``max_runs`` distinct runs written per window by this gateway: 2000 run
+        names must not make 2000 ledgers."""
+        limit, run = self.settings.max_runs, c.req.run
+        if not limit or run in self._runs_used:
+            return
+        moment = self.clock()
+        since = moment - self.settings.runs_window
+        for name, first in list(self._runs_used.items()):
+            if first <= since:
+                del self._runs_used[name]
+        if len(self._runs_used) >= limit:
+            c.record = False
+            raise Refusal("rate_limited", f"this gateway wrote {limit} runs in the last "
+                          f"{_span(self.settings.runs_window)}, the most it may (--max-runs): "
+                          "write into a run in use, or try again later")
+
+    async def read_entry(self, run: str, entry_id: str) -> Entry | None:
+        """``GET /calls/<run>/<entry>``: the same ownership rule as writes, so one agent's
+        gateway never shows another's calls (their arguments' handles and answers)."""
+        owner = await self.ledger(self.store.owner(run))
+        if owner is not None and owner != self.settings.actor:
+            raise self._not_ours(run, owner)
+        entry = await self.ledger(self.store.get(run, entry_id))
+        if entry is not None and entry.actor != self.settings.actor:
+            raise self._not_ours(run, entry.actor)
+        return entry
 
     async def _call(self, c: _Call) -> CallResult:
         req = c.req
@@ -423,11 +474,23 @@ class Gateway:
         """Create the entry, or turn the reusable (or approved) one it replaces into it."""
         old = c.existing
         if old is None:
+            self._room_for_run(c)
             try:
-                return await self.ledger(self.store.create(c.req.run, entry))
+                stored = await self.ledger(self.store.create(
+                    c.req.run, entry, max_entries=self.settings.max_entries or None))
             except EntryExists:
                 raise Refusal("duplicate", f"Idempotency-Key {entry.id} was just used by another "
                               "call: a call runs once", {"entry": entry.id}) from None
+            except NotOwner as exc:
+                c.record = False
+                raise self._not_ours(c.req.run, exc.owner) from None
+            except RunFull as exc:
+                c.record = False
+                raise Refusal("rate_limited", f"run {c.req.run} holds {exc.limit} entries, the "
+                              "most one run may hold (--max-entries-per-run): start another "
+                              "run") from None
+            self._runs_used.setdefault(c.req.run, self.clock())
+            return stored
 
         def change(current: Entry) -> Entry:
             if current.state != old.state:
@@ -447,6 +510,9 @@ class Gateway:
             return entry.model_copy(update=keep)
         try:
             return await self.ledger(self.store.update(c.req.run, entry.id, change))
+        except NotOwner as exc:
+            c.record = False
+            raise self._not_ours(c.req.run, exc.owner) from None
         except (Stale, EntryMissing):
             raise Refusal("duplicate", f"Idempotency-Key {entry.id} was just used by another "
                           "call: a call runs once", {"entry": entry.id}) from None
@@ -471,7 +537,7 @@ class Gateway:
         started = time.perf_counter()
         try:
             return await op
-        except (EntryExists, EntryMissing, Stale):
+        except (EntryExists, EntryMissing, Stale, NotOwner, RunFull):
             raise  # answers of the store protocol, for the caller to handle
         except Exception as exc:  # StoreUnavailable, or a store that broke in another way
             self.metrics.ledger_failures.inc()

@@ -133,7 +133,7 @@ def routes(gateway: Gateway, default_run: str | None) -> list[Route]:
         if problem:
             return error_response(Refusal("validation_error", problem))
         try:
-            entry = await gateway.ledger(gateway.store.get(run, entry_id))
+            entry = await gateway.read_entry(run, entry_id)  # only this actor's runs
         except Refusal as refusal:
             return error_response(refusal)
         if entry is None:

@@ -9,7 +9,11 @@ store then reads the page again and re-applies the same operations. So change fu
 must be pure functions of the entry they get (the ``Store`` contract).
 
 - The EffectLedger is created (spec only: a create ignores status) when the run's first
-  entry comes; 409 means it exists already.
+  entry comes, with that entry's actor as ``spec.owner``; 409 means it exists already
+  (another gateway's first call may have won: its owner is then read back, and an entry
+  of another actor is refused, ``NotOwner``). The owner never changes (the gateway may
+  only create ledgers, and the admission webhook refuses a spec change), so checking it
+  in each batch, whose PUTs carry the page's resourceVersion, is checking it in the write.
 - Operations on one run that arrive while a write is under way are applied together in
   the next write: many concurrent calls cost a few PUTs.
 - Every write rewrites the whole page, so a run continues in a linked page
@@ -43,7 +47,16 @@ from urllib.parse import quote
 
 from .. import API_GROUP, API_VERSION
 from .entry import Entry, now, parse_stamp, stamp
-from .store import Change, EntryExists, EntryMissing, Holder, StoreUnavailable, page_name
+from .store import (
+    Change,
+    EntryExists,
+    EntryMissing,
+    Holder,
+    StoreUnavailable,
+    check_owner,
+    check_room,
+    page_name,
+)
 
 log = logging.getLogger("unwind.ledger")
 PAGE_BYTES = 16 << 10
@@ -95,10 +108,16 @@ class _Page:
     extra: dict[str, Any] = field(default_factory=dict)  # status fields others write
     size: int = 0  # bytes of the status as last read or written
     count: int = 0
+    # The run's owner (first page only): spec.owner (recorded), else the actor of the first
+    # entry of a ledger made before owners were recorded.
+    owner: str | None = None
+    recorded: bool = False
 
     def absorb(self, obj: dict[str, Any]) -> None:
         status = dict(obj.get("status") or {})
         entries = status.pop("entries", None) or []
+        if self.number == 1:
+            self.owner, self.recorded = owner_of(obj)
         self.rv = str(obj["metadata"].get("resourceVersion", ""))
         self.entries = list(entries)
         self.index = {str(e.get("id")): i for i, e in enumerate(self.entries)}
@@ -131,7 +150,17 @@ class _Run:
 class _Op:
     apply: Callable[[_Work], Awaitable[tuple[_Page, Any]]]
     future: asyncio.Future[Any]
-    creates: bool = False
+    creates: str | None = None  # the actor of the entry it creates
+
+
+def owner_of(obj: dict[str, Any]) -> tuple[str | None, bool]:
+    """A first page's owner, and whether it is recorded (else its first entry's actor)."""
+    owner = (obj.get("spec") or {}).get("owner")
+    if isinstance(owner, str):
+        return owner, True
+    entries = (obj.get("status") or {}).get("entries") or []
+    first = entries[0].get("actor") if entries and isinstance(entries[0], dict) else None
+    return (first if isinstance(first, str) else None), False
 
 
 def _dump(value: Any) -> bytes:
@@ -181,10 +210,10 @@ class ClusterStore:
             name = status.get("next")
         return None
 
-    async def create(self, run: str, entry: Entry) -> Entry:
+    async def create(self, run: str, entry: Entry, *, max_entries: int | None = None) -> Entry:
         async def apply(work: _Work) -> tuple[_Page, Any]:
-            return await work.create(entry)
-        result: Entry = await self._submit(run, apply, creates=True)
+            return await work.create(entry, max_entries)
+        result: Entry = await self._submit(run, apply, creates=entry.actor)
         return result
 
     async def update(self, run: str, entry_id: str, change: Change) -> Entry:
@@ -201,6 +230,11 @@ class ClusterStore:
         pages = [o for o in body.get("items", []) if (o.get("spec") or {}).get("run") == run]
         pages.sort(key=lambda o: int((o.get("spec") or {}).get("page", 1)))
         return [Entry.model_validate(e) for o in pages for e in (o.get("status") or {}).get("entries", [])]
+
+    async def owner(self, run: str) -> str | None:
+        """Read from the API server (page 1), never from what this process saw earlier."""
+        obj = await self._read(run)
+        return None if obj is None else owner_of(obj)[0]
 
     async def aclose(self) -> None:
         for task in list(self._tasks):
@@ -268,12 +302,14 @@ class ClusterStore:
         assert page.entries is not None
         return page.entries
 
-    async def _create_page(self, run: str, number: int) -> _Page:
+    async def _create_page(self, run: str, number: int, owner: str | None = None) -> _Page:
         """Create the page object (spec only), or read the one someone else created."""
         name = page_name(run, number)
+        spec: dict[str, Any] = {"run": run, "page": number}
+        if owner is not None:
+            spec["owner"] = owner
         body = {"apiVersion": f"{API_GROUP}/{API_VERSION}", "kind": "EffectLedger",
-                "metadata": {"name": name, "labels": {RUN_LABEL: run}},
-                "spec": {"run": run, "page": number}}
+                "metadata": {"name": name, "labels": {RUN_LABEL: run}}, "spec": spec}
         status, obj = await _call(self.api, "POST", self.base, body)
         self.writes += 1
         if status == 409:
@@ -324,7 +360,7 @@ class ClusterStore:
     # ---- batched writes ----
 
     async def _submit(self, run: str, apply: Callable[[_Work], Awaitable[tuple[_Page, Any]]],
-                      *, creates: bool = False) -> Any:
+                      *, creates: str | None = None) -> Any:
         loop = asyncio.get_running_loop()
         op = _Op(apply, loop.create_future(), creates)
         self._queued.setdefault(run, []).append(op)
@@ -359,9 +395,10 @@ class ClusterStore:
             if attempt:  # another writer won the page: let it finish before trying again
                 await asyncio.sleep(random.uniform(0, min(0.2, 0.01 * attempt)))
             state = await self._loaded(run)
-            if any(op.creates for op in todo):
+            creator = next((op.creates for op in todo if op.creates), None)
+            if creator is not None:
                 if not state.pages:
-                    state.pages.append(await self._create_page(run, 1))
+                    state.pages.append(await self._create_page(run, 1, owner=creator))
                 elif state.pages[-1].size >= self.page_bytes and state.pages[-1].count \
                         and not await self._roll(run, state):
                     continue
@@ -414,7 +451,9 @@ class _Work:
             self.copies[page.name], self.rvs[page.name] = list(entries), page.rv
         return self.copies[page.name]
 
-    async def create(self, entry: Entry) -> tuple[_Page, Entry]:
+    async def create(self, entry: Entry, max_entries: int | None = None) -> tuple[_Page, Entry]:
+        head = self.state.pages[0]
+        check_owner(self.run, head.owner, entry.actor)
         held = self.state.find(entry.id)
         tail = self.state.pages[-1]
         if held is not None and held is not tail:
@@ -425,6 +464,9 @@ class _Work:
             if existing.get("id") == entry.id:
                 raise EntryExists(Entry.model_validate(existing))
         before = sum(p.count for p in self.state.pages[:-1])
+        check_room(self.run, before + len(entries), max_entries)
+        if head.owner is None:  # an older ledger, empty: its first entry owns it
+            head.owner = entry.actor
         stored = entry.model_copy(update={"seq": before + len(entries) + 1})
         entries.append(compact_entry(stored.to_json()))
         return tail, stored
@@ -444,6 +486,8 @@ class _Work:
         new = change(Entry.model_validate(entries[at]))
         if new.id != entry_id:
             raise ValueError("a change may not alter an entry's id")
+        if self.state.pages[0].recorded:
+            check_owner(self.run, self.state.pages[0].owner, new.actor)
         entries[at] = compact_entry(new.to_json())
         return page, new
 

@@ -13,7 +13,11 @@ Durability and concurrency, since two gateway processes may share the folder:
 - every read-modify-write of a run holds ``fcntl.flock`` on ``<dir>/.locks/<run>.run``,
   so no update is lost between processes (or threads: each takes its own descriptor);
 - idempotency-key locks (``FileLocks``) are files created with O_CREAT|O_EXCL, which
-  exactly one process can win.
+  exactly one process can win;
+- the first page, written by the run's first entry, records the run's owner
+  (``spec.owner``: that entry's actor) and an identity of its own (``metadata.uid``, a
+  random UUID, as the API server gives every object); every later write checks the owner
+  under the run's lock (see ``store.py``).
 
 The blocking file work runs in a worker thread, so a slow disk does not stall other calls.
 """
@@ -27,6 +31,7 @@ import functools
 import json
 import os
 import secrets
+import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -38,7 +43,16 @@ from pydantic import ValidationError
 from .. import API_GROUP, API_VERSION
 from ..api.resources import LedgerSpec, LedgerStatus
 from .entry import Entry, now, stamp
-from .store import Change, EntryExists, EntryMissing, Holder, StoreUnavailable, page_name
+from .store import (
+    Change,
+    EntryExists,
+    EntryMissing,
+    Holder,
+    StoreUnavailable,
+    check_owner,
+    check_room,
+    page_name,
+)
 
 PAGE_BYTES = 256 << 10
 LOCKS = ".locks"
@@ -98,6 +112,10 @@ class _Page:
 
     number: int = 1
     next: str | None = None
+    # The run's owner (first page only): spec.owner (recorded), else the actor of the first
+    # entry of a ledger written before owners were recorded.
+    owner: str | None = None
+    recorded: bool = False
 
     @property
     def entries(self) -> list[dict[str, Any]]:
@@ -132,12 +150,19 @@ class _Batch:
         pages = [self.store._loaded(p, self.run) for p in self.chain]
         return [self.store._entry(p, i) for p in pages for i in range(len(p.entries))]
 
-    def create(self, entry: Entry) -> Entry:
+    def owner(self) -> str | None:
+        return self.chain[0].owner if self.chain else None
+
+    def create(self, entry: Entry, max_entries: int | None = None) -> Entry:
+        check_owner(self.run, self.owner(), entry.actor)
         found = self._find(entry.id)
         if found is not None:
             raise EntryExists(self.store._entry(*found))
+        check_room(self.run, sum(len(p.index) for p in self.chain), max_entries)
         if not self.chain:
-            self.chain.append(self.store._new_page(self.run, 1))
+            self.chain.append(self.store._new_page(self.run, 1, owner=entry.actor))
+        elif self.chain[0].owner is None:  # an older ledger, empty: its first entry owns it
+            self.chain[0].owner = entry.actor
         last = self.store._loaded(self.chain[-1], self.run)
         stored = entry.model_copy(update={"seq": sum(len(p.index) for p in self.chain) + 1})
         if last.stat is not None and last.stat[2] >= self.store.page_bytes and last.entries:
@@ -160,6 +185,8 @@ class _Batch:
         new = change(self.store._entry(page, at))
         if new.id != entry_id:
             raise ValueError("a change may not alter an entry's id")
+        if self.chain[0].recorded:
+            check_owner(self.run, self.chain[0].owner, new.actor)
         page.entries[at] = new.to_json()
         page.texts[at] = None
         self.store._summarize(page)
@@ -196,8 +223,8 @@ class FileStore:
         result: Entry | None = await self._submit(run, lambda b: b.get(entry_id))
         return result
 
-    async def create(self, run: str, entry: Entry) -> Entry:
-        result: Entry = await self._submit(run, lambda b: b.create(entry))
+    async def create(self, run: str, entry: Entry, *, max_entries: int | None = None) -> Entry:
+        result: Entry = await self._submit(run, lambda b: b.create(entry, max_entries))
         return result
 
     async def update(self, run: str, entry_id: str, change: Change) -> Entry:
@@ -206,6 +233,10 @@ class FileStore:
 
     async def entries(self, run: str) -> list[Entry]:
         result: list[Entry] = await self._submit(run, lambda b: b.entries())
+        return result
+
+    async def owner(self, run: str) -> str | None:
+        result: str | None = await self._submit(run, lambda b: b.owner())
         return result
 
     async def _submit(self, run: str, op: Op) -> Any:
@@ -289,8 +320,8 @@ class FileStore:
         result: list[Entry] = self._one(run, lambda b: b.entries())
         return result
 
-    def create_sync(self, run: str, entry: Entry) -> Entry:
-        result: Entry = self._one(run, lambda b: b.create(entry))
+    def create_sync(self, run: str, entry: Entry, *, max_entries: int | None = None) -> Entry:
+        result: Entry = self._one(run, lambda b: b.create(entry, max_entries))
         return result
 
     def update_sync(self, run: str, entry_id: str, change: Change) -> Entry:
@@ -354,6 +385,11 @@ class FileStore:
         obj = self._checked(path, data, run, number)
         page = _Page(name, obj, sig, number=number, next=obj["status"].get("next"))
         page.index = {e["id"]: i for i, e in enumerate(page.entries)}
+        owner = obj["spec"].get("owner")
+        if number == 1:
+            page.recorded = isinstance(owner, str)
+            first = page.entries[0].get("actor") if page.entries else None
+            page.owner = owner if page.recorded else first if isinstance(first, str) else None
         page.texts = [None] * len(page.entries)
         self._cache[name] = page
         return page
@@ -379,15 +415,19 @@ class FileStore:
         checked.setdefault("status", {}).setdefault("entries", [])
         return checked
 
-    def _new_page(self, run: str, number: int) -> _Page:
+    def _new_page(self, run: str, number: int, owner: str | None = None) -> _Page:
         name = page_name(run, number)
+        spec: dict[str, Any] = {"run": run, "page": number}
+        if owner is not None:
+            spec["owner"] = owner
         obj = {"apiVersion": f"{API_GROUP}/{API_VERSION}", "kind": "EffectLedger",
-               "metadata": {"name": name, "labels": {f"{API_GROUP}/run": run},
+               "metadata": {"name": name, "uid": str(uuid.uuid4()),
+                            "labels": {f"{API_GROUP}/run": run},
                             "creationTimestamp": stamp(now().replace(microsecond=0)),
                             "generation": 1, "resourceVersion": "0"},
-               "spec": {"run": run, "page": number},
+               "spec": spec,
                "status": {"entries": [], "entryCount": 0}}
-        return _Page(name, obj, number=number)
+        return _Page(name, obj, number=number, owner=owner, recorded=owner is not None)
 
     def _append(self, page: _Page, entry: Entry) -> None:
         page.index[entry.id] = len(page.entries)

@@ -6,6 +6,13 @@ EffectLedger and a Lease per key in a cluster. The contract every implementation
 
 - ``create`` stores a new entry (and gives it the run's next ``seq``) or raises
   ``EntryExists`` with the entry already there: two callers never both create one id.
+- A run has an **owner**: the actor whose entry created its ledger, recorded in the first
+  page's ``spec.owner`` by that same create (a conditional create in a cluster: of two
+  gateways starting one run, one creates it and the other reads it back and is refused).
+  ``create`` and ``update`` refuse (``NotOwner``) an entry of another actor in the same
+  locked or conditional write that stores it. A ledger written before owners were
+  recorded is owned by the actor of its first entry. ``create`` also refuses
+  (``RunFull``) an entry past ``max_entries`` in the run.
 - ``update`` applies a change function to the stored entry atomically: under a lock for a
   file, with resourceVersion preconditions and a retry on conflict in a cluster (the
   function is then called again on the fresh entry, so it must be a pure function of it).
@@ -50,6 +57,35 @@ class Stale(Exception):
     """A change function found the entry no longer in a state it may change."""
 
 
+class NotOwner(Exception):
+    """The run is recorded as another actor's: its ledger takes no entries of this one."""
+
+    def __init__(self, run: str, owner: str, actor: str) -> None:
+        super().__init__(f"run {run} is recorded as {owner}'s, not {actor}'s")
+        self.run, self.owner, self.actor = run, owner, actor
+
+
+class RunFull(Exception):
+    """The run holds ``limit`` entries already."""
+
+    def __init__(self, run: str, limit: int) -> None:
+        super().__init__(f"run {run} holds {limit} entries, the most one run may hold")
+        self.run, self.limit = run, limit
+
+
+def check_owner(run: str, owner: str | None, actor: str) -> None:
+    """Raise NotOwner unless ``actor`` may write the run owned by ``owner`` (None: nobody yet)."""
+    if owner is not None and owner != actor:
+        raise NotOwner(run, owner, actor)
+
+
+def check_room(run: str, count: int, limit: int | None) -> None:
+    """Raise RunFull when a run of ``count`` entries may take no more (``limit`` None or 0:
+    no limit)."""
+    if limit and count >= limit:
+        raise RunFull(run, limit)
+
+
 def run_problem(run: str) -> str | None:
     if RUN_PATTERN.fullmatch(run):
         return None
@@ -65,11 +101,15 @@ def page_name(run: str, page: int) -> str:
 class Store(Protocol):
     async def get(self, run: str, entry_id: str) -> Entry | None: ...
 
-    async def create(self, run: str, entry: Entry) -> Entry: ...
+    async def create(self, run: str, entry: Entry, *, max_entries: int | None = None) -> Entry: ...
 
     async def update(self, run: str, entry_id: str, change: Change) -> Entry: ...
 
     async def entries(self, run: str) -> list[Entry]: ...
+
+    async def owner(self, run: str) -> str | None:
+        """The run's owner as stored now (None: no ledger, or an older one still empty)."""
+        ...
 
 
 @dataclass(frozen=True)
