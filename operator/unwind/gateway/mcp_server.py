@@ -4,7 +4,8 @@
 known and, in ``_meta``, its effect class and effect contract (undo, lookup, draft), so an
 agent knows before calling what can be undone. ``tools/call`` reads ``_meta``
 (``idempotency_key``, ``stage``, ``dry_run``; a malformed one is refused) and the run from
-the ``X-Unwind-Run`` header, then goes through the same ``Gateway.call`` as REST. The
+the ``X-Unwind-Run`` header, checks the arguments' nesting and size (limits.py; past them
+the call is refused unrecorded), then goes through the same ``Gateway.call`` as REST. The
 answer carries the effect report in ``_meta.effect``; a refusal is a tool error whose
 structured content is the same ``{"error": {...}}`` envelope REST sends.
 """
@@ -23,6 +24,7 @@ from ..ledger.ulid import new_ulid
 from ..manifest.model import ToolManifest
 from .enforce import CallRequest, CallResult, Gateway
 from .errors import Refusal
+from .limits import OverLimit, check_arguments
 from .rest import choose_run
 
 META_KEYS = {"idempotency_key": str, "stage": bool, "dry_run": bool}
@@ -99,6 +101,9 @@ def build_server(gateway: Gateway, default_run: str | None) -> Server[Any]:
             arguments = params.arguments or {}
             if not isinstance(arguments, dict):
                 raise Refusal("validation_error", "arguments must be an object")
+            check_arguments(arguments)
+        except OverLimit as refusal:  # refused at the door: nothing of it reaches the ledger
+            return refusal_result(refusal)
         except Refusal as refusal:
             return tool_result(await gateway.reject(req, refusal))
         req = CallRequest(tool=params.name, arguments=dict(arguments), run=run,

@@ -10,6 +10,7 @@ ledger to put them in); every other refusal is recorded by the enforcement path.
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -21,8 +22,9 @@ from ..ledger.store import ENTRY_ID_PATTERN, run_problem
 from ..ledger.ulid import new_ulid
 from .enforce import CallRequest, CallResult, Gateway
 from .errors import Refusal
+from .limits import MAX_BODY, OverLimit, check_arguments, too_deep
 
-MAX_BODY = 64 * 1024
+log = logging.getLogger("unwind.gateway")
 REPORT_HEADER = "X-Unwind-Effect"
 _BODY_FIELDS = {"arguments", "stage", "dry_run"}
 
@@ -72,6 +74,8 @@ def parse_body(raw: bytes) -> tuple[dict[str, Any], bool, bool]:
         body = json.loads(raw.decode("utf-8"), parse_constant=_no_constants) if raw.strip() else {}
     except (UnicodeDecodeError, ValueError) as exc:
         raise Refusal("validation_error", f"the body is not JSON: {exc}") from None
+    except RecursionError:
+        raise too_deep() from None
     if not isinstance(body, dict):
         raise Refusal("validation_error", 'the body must be a JSON object: {"arguments": {...}}')
     unknown = sorted(set(body) - _BODY_FIELDS)
@@ -121,6 +125,12 @@ def routes(gateway: Gateway, default_run: str | None) -> list[Route]:
                 raise Refusal("payload_too_large", f"the body is larger than {MAX_BODY // 1024} "
                               "KiB: send less (arguments are for calls, not for documents)")
             arguments, stage, dry_run = parse_body(raw)
+            check_arguments(arguments)
+        except OverLimit as refusal:  # refused at the door: nothing of it reaches the ledger
+            log.info("call run=%s entry=%s tool=%s status=%d outcome=%s message=%r (not "
+                     "recorded)", run, entry_id, tool[:128], refusal.status, refusal.code,
+                     refusal.message)
+            return error_response(refusal)
         except Refusal as refusal:
             return respond(await gateway.reject(req, refusal))
         req = CallRequest(tool=tool, arguments=arguments, run=run, entry_id=entry_id,

@@ -7,6 +7,16 @@ and idempotent tools only, its retries; its answer says whether the upstream may
 acted: a request that never left (connection refused) did nothing, one whose answer timed
 out or was lost may have.
 
+A filled URL goes out exactly as filled: each placeholder is one percent-encoded path
+segment (``/`` included), ``.``, ``..`` and empty values are refused (they would move the
+call to another path with the tool's credentials), and nothing normalises the path after.
+Messages name the tool and the URL *template*, never the filled URL: it carries argument
+values, redacted ones included, percent-encoded where masking cannot see them.
+
+An answer is read up to ``upstream.max_response_bytes`` after decompression (default
+4 MiB) and nested at most ``limits.MAX_DEPTH`` deep; past that it is not read further and
+the call's outcome is unknown (``too_large``: the upstream may have acted).
+
 HTTP goes through one aiohttp session; MCP through the ``mcp`` SDK's client.
 """
 
@@ -22,15 +32,22 @@ from urllib.parse import quote
 
 import aiohttp
 import httpx2
+import yarl
 
 from ..manifest.keys import plain_text
 from ..manifest.model import Effect, HeaderValue, ToolManifest
 from .errors import Refusal
+from .limits import MAX_DEPTH, nesting_problem
 from .secrets import SecretMissing, Secrets
 
 DEFAULT_TIMEOUT_MS = 30_000
+DEFAULT_MAX_RESPONSE_BYTES = 4 * 1024 * 1024
+_READ_CHUNK = 64 * 1024
 _PLACEHOLDER = re.compile(r"\{\{\s*args\.([A-Za-z0-9_-]+)\s*\}\}")
-Kind = Literal["ok", "error_status", "not_sent", "timeout", "lost", "not_json"]
+_MARK = "unwindarg{}x"  # stands in for a placeholder while the template is encoded
+_MARKS = re.compile(r"unwindarg(\d+)x")
+_NOT_A_SEGMENT = {"": "empty", ".": "'.'", "..": "'..'"}
+Kind = Literal["ok", "error_status", "not_sent", "timeout", "lost", "not_json", "too_large"]
 
 
 @dataclass
@@ -45,6 +62,15 @@ class Prepared:
     base_ms: int
     max_ms: int
     mcp_tool: str | None = None
+    max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES
+    template: str = ""  # the URL as the manifest writes it: what messages name
+
+    @property
+    def where(self) -> str:
+        """The call as messages name it: the tool and its method and URL template."""
+        if self.mcp_tool is not None:
+            return f"{self.manifest.tool} (MCP tool {self.mcp_tool} at {self.template})"
+        return f"{self.manifest.tool} ({self.method} {self.template or self.url})"
 
 
 @dataclass
@@ -60,20 +86,44 @@ class Answer:
     def may_have_acted(self) -> bool:
         """The upstream may have applied the call: the answer is lost, late or unreadable,
         or it failed on the server's side after receiving it."""
-        if self.kind in ("timeout", "lost", "not_json"):
+        if self.kind in ("timeout", "lost", "not_json", "too_large"):
             return True
         return self.kind == "error_status" and (self.status or 0) >= 500
 
 
 def fill_url(template: str, arguments: dict[str, Any]) -> str:
+    """The URL to send, already encoded: the template's own text encoded as a URL once, and
+    each placeholder the argument's text percent-encoded whole (``/`` too). Send it as is
+    (``yarl.URL(url, encoded=True)``): a client that normalised the path again would turn
+    a ``..`` made of the template and the values into a move up."""
+    names: list[str] = []
+
+    def mark(match: re.Match[str]) -> str:
+        names.append(match.group(1))
+        return _MARK.format(len(names) - 1)
+    marked = _PLACEHOLDER.sub(mark, template)
+    try:
+        encoded = str(yarl.URL(marked))
+    except ValueError as exc:
+        raise Refusal("upstream_error", f"the upstream URL template {template!r} is not a URL: "
+                      f"{exc}") from None
+    if sorted(int(i) for i in _MARKS.findall(encoded)) != list(range(len(names))):
+        raise Refusal("upstream_error", f"the upstream URL template {template!r} loses a "
+                      "placeholder when encoded (a '.' or '..' segment around it?): write the "
+                      "path without dot segments")
+
     def one(match: re.Match[str]) -> str:
-        name = match.group(1)
+        name = names[int(match.group(1))]
         text = plain_text(arguments.get(name))
         if text is None:
             raise Refusal("validation_error", f"the upstream URL needs argument {name!r} as a "
                           "string, number or bool")
+        if text in _NOT_A_SEGMENT:
+            raise Refusal("validation_error", f"argument {name!r} is {_NOT_A_SEGMENT[text]}, and "
+                          "it fills a part of the upstream URL: '.', '..' and empty values "
+                          "would send the call to another path; send the real value")
         return quote(text, safe="")
-    return _PLACEHOLDER.sub(one, template)
+    return _MARKS.sub(one, encoded)
 
 
 def prepare(m: ToolManifest, arguments: dict[str, Any], secrets: Secrets,
@@ -96,13 +146,14 @@ def prepare(m: ToolManifest, arguments: dict[str, Any], secrets: Secrets,
     safe = m.effect in (Effect.read_only, Effect.idempotent)
     retry = m.retry if safe else None
     if u.mcp is not None:
-        method, url, mcp_tool = "MCP", u.mcp.url, u.mcp.tool
+        method, url, mcp_tool, template = "MCP", u.mcp.url, u.mcp.tool, u.mcp.url
     else:
         assert u.url is not None  # the validator guarantees one of url or mcp
-        method, url, mcp_tool = u.method, fill_url(u.url, arguments), None
+        method, url, mcp_tool, template = u.method, fill_url(u.url, arguments), None, u.url
     return Prepared(m, method, url, arguments, headers, timeout_ms / 1000,
                     retry.attempts if retry else 1, retry.base_ms if retry else 0,
-                    retry.max_ms if retry else 0, mcp_tool)
+                    retry.max_ms if retry else 0, mcp_tool,
+                    u.max_response_bytes or DEFAULT_MAX_RESPONSE_BYTES, template)
 
 
 class Upstream:
@@ -143,21 +194,36 @@ class Upstream:
         params = None if body is not None else {k: _query_value(v) for k, v in p.arguments.items()}
         timeout = aiohttp.ClientTimeout(total=p.timeout_s)
         try:
-            async with self.session().request(p.method, p.url, json=body, params=params,
-                                              headers=p.headers, timeout=timeout) as response:
-                raw = await response.read()
+            async with self.session().request(p.method, yarl.URL(p.url, encoded=True), json=body,
+                                              params=params, headers=p.headers,
+                                              timeout=timeout) as response:
                 status = response.status
+                raw = await _read_capped(response, p.max_response_bytes)
         except aiohttp.ClientConnectorError as exc:
-            return Answer("not_sent", text=f"cannot connect to {p.url}: {_short(exc)}", sent=False)
+            return Answer("not_sent", text=f"{p.where}: cannot connect: {_short(exc, p)}",
+                          sent=False)
         except TimeoutError:
-            return Answer("timeout", text=f"no answer from {p.url} within {p.timeout_s:g}s")
+            return Answer("timeout", text=f"{p.where}: no answer within {p.timeout_s:g}s")
         except aiohttp.ClientError as exc:
-            return Answer("lost", text=f"the connection to {p.url} failed: {_short(exc)}")
+            return Answer("lost", text=f"{p.where}: the connection failed: {_short(exc, p)}")
+        if raw is None:
+            too_large = (f"{p.where} answered {status} with more than {p.max_response_bytes} "
+                         "bytes (after decompression), so the answer was not read; if it is "
+                         "meant to be this large, raise upstream.max_response_bytes")
+            if 200 <= status < 300:
+                return Answer("too_large", status, None, too_large)
+            return Answer("error_status", status, None, too_large)
         text = raw.decode("utf-8", "replace")
         try:
             data = json.loads(raw) if raw.strip() else None
-        except ValueError:
+        except (ValueError, RecursionError):
             data = _NOT_JSON
+        if data is not _NOT_JSON and nesting_problem(data) is not None:
+            message = (f"{p.where} answered {status} with JSON nested deeper than {MAX_DEPTH} "
+                       "levels, which the gateway does not keep or pass on")
+            if 200 <= status < 300:
+                return Answer("too_large", status, None, message)
+            return Answer("error_status", status, None, message)
         if not 200 <= status < 300:
             return Answer("error_status", status, None if data is _NOT_JSON else data, text[:2000])
         if data is _NOT_JSON or data is None:
@@ -174,9 +240,9 @@ class Upstream:
                 with anyio_fail_after(p.timeout_s):
                     result = await client.call_tool(p.mcp_tool or "", p.arguments)
         except TimeoutError:
-            return Answer("timeout", text=f"no answer from {p.url} within {p.timeout_s:g}s")
+            return Answer("timeout", text=f"{p.where}: no answer within {p.timeout_s:g}s")
         except Exception as exc:  # the SDK raises many kinds; all mean the answer is missing
-            return Answer("lost", text=f"the MCP call to {p.url} failed: {_short(exc)}")
+            return Answer("lost", text=f"{p.where}: the MCP call failed: {_short(exc, p)}")
         data = result.structured_content
         text = "".join(getattr(c, "text", "") for c in result.content)
         if data is None and text:
@@ -214,5 +280,30 @@ def _query_value(value: Any) -> str:
     return text if text is not None else json.dumps(value, separators=(",", ":"))
 
 
-def _short(exc: BaseException) -> str:
-    return (str(exc) or type(exc).__name__).splitlines()[0][:300]
+async def _read_capped(response: aiohttp.ClientResponse, cap: int) -> bytes | None:
+    """The answer's body, decompressed, or None once it passes ``cap`` bytes: read in
+    chunks (aiohttp decompresses each as it is read), so a compressed bomb costs at most
+    ``cap`` plus a chunk; the connection is dropped, not drained."""
+    declared = response.content_length
+    chunks: list[bytes] = []
+    size = 0
+    if declared is None or declared <= cap:
+        async for chunk in response.content.iter_chunked(_READ_CHUNK):
+            size += len(chunk)
+            if size > cap:
+                break
+            chunks.append(chunk)
+        else:
+            return b"".join(chunks)
+    response.close()
+    return None
+
+
+def _short(exc: BaseException, p: Prepared) -> str:
+    """An exception's first line, with the filled URL (should a client name it) replaced by
+    the template."""
+    text = (str(exc) or type(exc).__name__).splitlines()[0]
+    for filled in {p.url, yarl.URL(p.url, encoded=True).raw_path_qs}:
+        if filled and filled != "/":
+            text = text.replace(filled, p.template or "(the URL)")
+    return text[:300]

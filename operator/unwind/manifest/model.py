@@ -199,6 +199,11 @@ class Upstream(Strict):
     headers: dict[str, str | HeaderValue] = Field(default_factory=dict, description="Literal values or {secretKeyRef: {name, key}}.")
     timeout_ms: OptDuration = None
     mcp: McpUpstream | None = None
+    max_response_bytes: int | None = Field(
+        None, ge=1024, le=16 * 1024 * 1024,
+        description="How many bytes of the upstream's answer (after decompression) the gateway "
+                    "reads, 1024 to 16777216 (16 MiB); default 4194304 (4 MiB). A larger answer is not "
+                    "read: 502, and the call is uncertain unless the tool is read_only.")
 
 
 class Lookup(Strict):
