@@ -129,7 +129,7 @@ class GatewayProc:
 
     def call(self, tool: str, arguments: dict[str, Any] | None = None, *, run: str | None = "run-1",
              key: str | None = None, raw: bytes | None = None, **body: Any) -> httpx2.Response:
-        headers = {}
+        headers = {"Content-Type": "application/json"}
         if run is not None:
             headers["X-Unwind-Run"] = run
         if key is not None:

@@ -1,5 +1,6 @@
 """The ASGI app: the REST routes, ``/mcp``, and the lifespan that starts and stops them;
-with ``stop``, ``POST /quitquitquit`` too (quit.py: a plain-container gateway in a pod)."""
+with ``stop``, ``POST /quitquitquit`` too (quit.py: a plain-container gateway in a pod).
+Every request first passes one Host/Origin/Content-Type policy (trust.py)."""
 
 from __future__ import annotations
 
@@ -16,27 +17,26 @@ from starlette.routing import Mount
 
 from . import rest
 from .enforce import Gateway
+from .limits import MAX_BODY
 from .mcp_server import build_server
 from .quit import Quit
+from .trust import Policy, Trust
 
 log = logging.getLogger("unwind.gateway")
-LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
 def build_app(gateway: Gateway, *, default_run: str | None = None, host: str = "127.0.0.1",
               closers: Sequence[Callable[[], Awaitable[None]]] = (),
-              stop: Callable[[], None] | None = None) -> Starlette:
-    """The gateway's app; ``stop`` (the server's exit) adds ``POST /quitquitquit``."""
+              stop: Callable[[], None] | None = None, policy: Policy | None = None) -> Starlette:
+    """The gateway's app; ``stop`` (the server's exit) adds ``POST /quitquitquit``. ``policy``
+    (default: loopback, ``host`` and ``UNWIND_ALLOWED_HOSTS``) decides which Host and Origin
+    every route answers."""
     server = build_server(gateway, default_run)
-    security = None
-    if host in LOOPBACK:  # a page in a browser must not reach a loopback gateway (DNS rebinding)
-        security = TransportSecuritySettings(
-            enable_dns_rebinding_protection=True,
-            allowed_hosts=["127.0.0.1:*", "localhost:*", "[::1]:*"],
-            allowed_origins=["http://127.0.0.1:*", "http://localhost:*", "http://[::1]:*"])
+    # The SDK's own Host/Origin check is off: Trust applies the one policy to every route.
+    security = TransportSecuritySettings(enable_dns_rebinding_protection=False)
     sessions = StreamableHTTPSessionManager(app=server, stateless=True, json_response=True,
                                             security_settings=security,
-                                            max_request_body_size=rest.MAX_BODY)
+                                            max_request_body_size=MAX_BODY)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: Any) -> AsyncIterator[None]:
@@ -55,9 +55,12 @@ def build_app(gateway: Gateway, *, default_run: str | None = None, host: str = "
                 for close in closers:
                     await close()
 
+    middleware = [Middleware(Trust, policy=policy or Policy.from_environ(host))]
+    if stop is not None:
+        middleware.append(Middleware(Quit, stop=stop))
     return Starlette(routes=[*rest.routes(gateway, default_run),
                              Mount("/mcp", app=StreamableHTTPASGIApp(sessions))],
-                     lifespan=lifespan, middleware=[Middleware(Quit, stop=stop)] if stop else None)
+                     lifespan=lifespan, middleware=middleware)
 
 
 async def learn_schemas(gateway: Gateway) -> None:

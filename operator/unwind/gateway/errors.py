@@ -15,6 +15,8 @@ STATUS = {
     "duplicate": 409,
     "requires_not_met": 409,
     "payload_too_large": 413,
+    "unsupported_media_type": 415,
+    "untrusted_host": 421,
     "unsupported_operation": 422,
     "approval_required": 428,
     "rate_limited": 429,
