@@ -522,3 +522,34 @@ def test_main_reports_an_error(cache: Path, monkeypatch: pytest.MonkeyPatch,
     monkeypatch.setattr(image, "ensure_images", fail)
     assert image.main([]) == 1
     assert "see log /l" in capsys.readouterr().err
+
+
+
+# Programs image.py runs that every Debian machine has (or that come with a listed package).
+_BASE_SYSTEM = {"umount": "mount", "chroot": "coreutils", "tar": "tar", "ctr": "containerd"}
+
+
+def _programs_run(source: str) -> set[str]:
+    """The first word of every argv written as a list literal and given to a ``.run(...)``
+    (``log.run(step, [...])`` or ``subprocess.run([...])``)."""
+    import ast
+
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+                and node.func.attr == "run":
+            for arg in node.args[:2]:
+                if isinstance(arg, ast.List) and arg.elts and isinstance(arg.elts[0], ast.Constant):
+                    found.add(str(arg.elts[0].value))
+    return found
+
+
+def test_every_program_the_image_build_runs_is_installed_by_the_build() -> None:
+    """A program missing from the install table works on a machine that has it by hand and
+    fails on a fresh one (skopeo did: 'could not start skopeo' on a clean machine)."""
+    from unwind.controlplane.build import TOOL_PACKAGES
+
+    programs = _programs_run((REPO / "operator/unwind/controlplane/image.py").read_text())
+    assert {"skopeo", "debootstrap", "go"} <= programs  # the scan sees the build's commands
+    missing = sorted(p for p in programs if p not in TOOL_PACKAGES and p not in _BASE_SYSTEM)
+    assert missing == [], f"add these to build.TOOL_PACKAGES: {missing}"

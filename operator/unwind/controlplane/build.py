@@ -41,6 +41,7 @@ REFLECT2_DEBIAN = Path("/usr/share/gocode/src/github.com/modern-go/reflect2")
 TOOL_PACKAGES = {"go": "golang-go", "etcd": "etcd-server", "kubectl": "kubernetes-client",
                  **NODE_PACKAGES,  # the node: container runtime and pod network
                  "buildah": "buildah", "debootstrap": "debootstrap",  # building the images
+                 "skopeo": "skopeo",  # exporting them as docker-archives (image.py)
                  "promtool": "prometheus"}  # checking deploy/prometheus/unwind-alerts.yaml
 BUILD_PACKAGES = ("rsync", "jq", "make")
 FILE_PACKAGES = NODE_PACKAGE_FILES
