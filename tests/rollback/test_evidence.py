@@ -66,7 +66,8 @@ def test_an_exported_evidence_file_holds_the_run_and_verifies_with_the_public_ke
                                           "on_timeout": "deny", "escalate_to": []},
                                 "decisions": [{"name": "d1", "user": "alice",
                                                "groups": ["finance"], "decision": "approve",
-                                               "reason": "", "created": AT}]}]
+                                               "reason": "", "created": AT,
+                                               "arguments_sha256": None}]}]
     assert ev["steps"] == [{"entry": "pay-1", "tool": "stripe.create_charge", "state": "undone",
                             "action": "compensate", "outcome": "undone",
                             "idempotency_key": "unwind-compensate-1"}]

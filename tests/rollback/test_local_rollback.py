@@ -254,3 +254,37 @@ def test_a_ledger_file_that_is_not_there_is_named_with_where_ledger_files_come_f
         assert ran.code == 1
         assert f"{tmp_path / 'demo.json'}: no such ledger file" in ran.err
         assert "--ledger-dir" in ran.err and "kubectl get effectledger NAME -o json" in ran.err
+
+
+def test_a_ci_job_reusing_its_run_name_with_a_fresh_ledger_sends_a_new_undo_key(
+        gateway: GatewayProc, upstream: UpstreamProc, manifests: Path, run_name: str,
+        tmp_path: Path) -> None:
+    keys = []
+    for job in (1, 2):
+        comment = {**COMMENT, "client_id": f"ci-{job}"}
+        assert gateway.call("github.create_comment", comment, run=run_name, key="c-1").status_code == 200
+        before = len(upstream.admin("requests")["requests"])
+        ran = unwind("rollback", "--ledger", ledger(gateway, run_name), "-m", manifests, "--yes")
+        assert ran.code == 0, ran.err
+        [delete] = [r for r in since(upstream, before)["requests"] if r["route"] == "comments.delete"]
+        keys.append(delete["idempotency_key"])
+        assert entries(gateway, run_name)["c-1"]["undo"]["idempotency_key"] == keys[-1]
+        # The job ends; the next one starts with a fresh ledger of the same run name.
+        for name in (f"{run_name}.json", f"{run_name}.rollback.json"):
+            (gateway.ledger / name).rename(tmp_path / f"job{job}-{name}")
+    assert keys[0] != keys[1]
+    assert all(k.startswith("unwind-inverse-") for k in keys)
+
+
+def test_a_ledger_file_without_a_uid_keys_its_undos_by_its_first_entry() -> None:
+    from unwind.ledger.entry import Entry, Times
+    from unwind.ledger.stepinput import ledger_identity
+
+    def first(requested: str) -> Entry:
+        return Entry(id="c-1", seq=1, tool="t", actor="a", state="succeeded",
+                     times=Times(requested=requested))
+
+    one = ledger_identity(None, None, [first("2026-12-01T10:00:00.000Z")])
+    two = ledger_identity(None, None, [first("2026-12-02T10:00:00.000Z")])
+    assert one.startswith("first:") and one != two
+    assert ledger_identity("ns", "u-1", []) == "uid:ns/u-1" != ledger_identity("ns", "u-2", [])

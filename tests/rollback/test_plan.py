@@ -282,8 +282,9 @@ def test_the_plan_json_has_exactly_the_documented_fields() -> None:
 def test_the_step_input_carries_the_called_manifest_the_read_back_and_a_stable_key() -> None:
     e = entry("ch", "charge", 1, args={"amount": 5}, result={"id": "ch_1"})
     [s] = make_plan("run-1", [e], VERSIONS, now=NOW).steps
-    got = step_input("run-1", s, e, VERSIONS)
-    assert got["idempotency_key"] == step_key("run-1", "ch", "compensate")
+    got = step_input("run-1", s, e, VERSIONS, identity="uid:ns/u-1")
+    assert got["idempotency_key"] == step_key("uid:ns/u-1", "ch", "compensate")
+    assert got["ledger"] == "run-1"
     assert got["manifest"]["tool"] == "refund"
     assert got["verification"] == {"manifest": read("get_charge").canonical_dict(),
                                    "arguments": {"charge_id": "ch_1"},

@@ -6,13 +6,21 @@ read-back, the step's idempotency key, and for a lookup the manifest and handle 
 entry (so the runner can return the completed handle). A Job passes it as one JSON value
 (env ``UNWIND_STEP``), so it is self-contained; the local rollback builds the same value.
 
-The key is derived from the ledger, the entry and the action, so every retry of a step,
-from any process, sends the same key and the upstream can deduplicate the undo.
+The key is derived from the ledger's identity, the entry and the action, so every retry
+of a step, from any process, sends the same key and the upstream can deduplicate the undo.
+The identity is the ledger object's, not its name: a run name is often reused (a CI job's
+``--run``), and a fresh ledger of the same name must never send the keys of an old one's
+rollback (the upstream would replay its old answer and nothing would be undone). In a
+cluster it is the first page's namespace and uid; a local ledger file holds a uid written
+when the gateway created it. A ledger written before that has none: its identity is then a
+digest of its first entry's id and request time, which no fresh ledger repeats unless it
+reuses that id in the same millisecond.
 """
 
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -24,10 +32,23 @@ from .plan import Action, PlanError, Step, Versions
 FORMAT_VERSION: Literal[1] = 1
 
 
-def step_key(ledger: str, entry: str, action: str) -> str:
-    """``unwind-<action>-<32 hex>``: the same for every attempt of one step, distinct for
-    every other step; short enough for any upstream's key limit, a valid header value."""
-    digest = hashlib.sha256(f"{ledger}\0{entry}\0{action}".encode()).hexdigest()[:32]
+def ledger_identity(namespace: str | None, uid: str | None, entries: Sequence[Entry]) -> str:
+    """What tells this ledger from any other of the same name (see the module docstring):
+    ``uid:<namespace>/<uid>``, else ``first:<digest>`` of the first entry."""
+    if uid:
+        return f"uid:{namespace or ''}/{uid}"
+    first = min(entries, key=lambda e: (e.seq, e.times.requested), default=None)
+    if first is None:
+        return "empty"
+    text = f"{first.id}\0{first.times.requested}"
+    return "first:" + hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def step_key(identity: str, entry: str, action: str) -> str:
+    """``unwind-<action>-<32 hex>``: the same for every attempt of one step of one ledger
+    (``identity``, from :func:`ledger_identity`), distinct for every other step and every
+    other ledger; short enough for any upstream's key limit, a valid header value."""
+    digest = hashlib.sha256(f"{identity}\0{entry}\0{action}".encode()).hexdigest()[:32]
     return f"unwind-{action}-{digest}"
 
 
@@ -70,14 +91,16 @@ class StepInput(_Model):
     effect: EffectInput | None = Field(None, description="A lookup step's entry: to complete its handle.")
 
 
-def step_input(ledger: str, step: Step, entry: Entry, versions: Versions) -> dict[str, Any]:
-    """The runner's input for one runnable step of a plan made with ``versions``."""
+def step_input(ledger: str, step: Step, entry: Entry, versions: Versions, *,
+               identity: str) -> dict[str, Any]:
+    """The runner's input for one runnable step of a plan made with ``versions``, in the
+    ledger ``ledger`` whose identity is ``identity`` (:func:`ledger_identity`)."""
     if step.action not in ("inverse", "compensate", "discard", "lookup") or step.undo_tool is None:
         raise PlanError(f"the {step.action} step of entry {step.entry} runs nothing")
     called = _today(versions, step.undo_tool, step)
     out: dict[str, Any] = {
         "version": FORMAT_VERSION, "ledger": ledger, "step": step.to_json(),
-        "idempotency_key": None if step.action == "lookup" else step_key(ledger, step.entry,
+        "idempotency_key": None if step.action == "lookup" else step_key(identity, step.entry,
                                                                           step.action),
         "manifest": called.canonical_dict(), "verification": None, "timeout_ms": step.timeout_ms,
         "effect": None,

@@ -48,7 +48,7 @@ from ..api.conditions import set_condition
 from ..api.resources import LedgerRollback, RollbackStatus
 from ..ledger.entry import ApprovalDecision, Entry, EntryError, Handle, parse_stamp, stamp
 from ..ledger.plan import UNDOING, PlanError, Selection, Step, Versions, make_plan, plan_entry
-from ..ledger.stepinput import step_input, step_key
+from ..ledger.stepinput import ledger_identity, step_input, step_key
 from ..ledger.store import Stale
 from .objects import Event
 from .undojob import deadline_seconds, job_body, job_name, lookup_job_name, step_problem, step_text
@@ -175,6 +175,8 @@ class _Pass:
         self._versions: Versions | None = None
         self.out = Decision()
         self.entries = {e.id: e for e in ledger.entries}
+        # Step keys come from the ledger object (namespace and uid), never from its name alone.
+        self._identity = ledger_identity(ctx.namespace, ledger.uid, ledger.entries)
         self.now = stamp(ctx.now)
         self.rb: dict[str, Any] | None = None
         self.original = ledger.rollback
@@ -288,7 +290,7 @@ class _Pass:
             frozen = {**s.to_json(), "index": first + len(out), "attempts": 0,
                       "state": "pending" if s.action in UNDOING or s.action == "lookup" else "left"}
             if s.action in UNDOING:
-                frozen["idempotency_key"] = step_key(self.ledger.name, s.entry, s.action)
+                frozen["idempotency_key"] = step_key(self._identity, s.entry, s.action)
             out.append(clean(frozen))
         return out, skipped
 
@@ -444,7 +446,7 @@ class _Pass:
     def _body(self, step: Step, entry: Entry, name: str, label: str) -> dict[str, Any] | str:
         v = self.versions()
         try:
-            data = step_input(self.ledger.name, step, entry, v)
+            data = step_input(self.ledger.name, step, entry, v, identity=self._identity)
         except PlanError as exc:
             return str(exc)
         text = step_text(data)

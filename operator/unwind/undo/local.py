@@ -27,7 +27,7 @@ from ..gateway.upstream import Upstream
 from ..ledger.entry import Entry, EntryError, Handle, now, stamp
 from ..ledger.filestore import FileLocks, FileStore, LedgerDirError, write_atomic
 from ..ledger.plan import UNDOING, Plan, Selection, Step, Versions, make_plan
-from ..ledger.stepinput import StepInput, step_input
+from ..ledger.stepinput import StepInput, ledger_identity, step_input
 from ..ledger.store import EntryMissing, Stale, StoreUnavailable, lock_name
 from .runner import Sleep, run_step
 from .sources import SourceError, read_ledger_file
@@ -48,6 +48,17 @@ class LocalLedger:
 
     def entries(self) -> list[Entry]:
         return self.store.entries_sync(self.run)
+
+    @property
+    def identity(self) -> str:
+        """The ledger's identity for step keys: the uid the gateway wrote into the file, else
+        (an older file) a digest of its first entry (ledger.stepinput)."""
+        try:
+            meta = json.loads(self.path.read_bytes()).get("metadata") or {}
+        except (OSError, ValueError, AttributeError) as exc:
+            raise SourceError(f"{self.path}: cannot read the ledger ({exc})") from None
+        uid = meta.get("uid") if isinstance(meta, dict) else None
+        return ledger_identity(None, uid if isinstance(uid, str) else None, self.entries())
 
 
 @dataclass
@@ -127,7 +138,8 @@ async def _lookup(ledger: LocalLedger, step: Step, versions: Versions, upstream:
     entry = ledger.store.get_sync(ledger.run, step.entry)
     if entry is None or entry.state not in LOOKUP_STATES:
         return None  # resolved meanwhile
-    spec = StepInput.model_validate(step_input(ledger.name, step, entry, versions))
+    spec = StepInput.model_validate(step_input(ledger.name, step, entry, versions,
+                                               identity=ledger.identity))
     result = await run_step(spec, upstream, secrets, clock=clock, **extra)
     lookup = {k: result.get(k) for k in ("tool", "outcome", "reason", "call", "finished")}
 
@@ -157,7 +169,8 @@ async def _undo(ledger: LocalLedger, step: Step, versions: Versions, by: str,
     entry = ledger.store.get_sync(ledger.run, step.entry)
     if entry is None or entry.state not in UNDOABLE_STATES:
         return None  # undone meanwhile (another rollback), or no longer undoable
-    spec = StepInput.model_validate(step_input(ledger.name, step, entry, versions))
+    spec = StepInput.model_validate(step_input(ledger.name, step, entry, versions,
+                                               identity=ledger.identity))
     started = stamp(clock())
 
     def begin(e: Entry) -> Entry:
