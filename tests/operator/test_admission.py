@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import datetime as dt
 from typing import Any
 
 import pytest
@@ -21,7 +22,13 @@ from unwind.operator.admission import (
     validate_approval,
     validate_toolmanifest,
 )
-from unwind.operator.identity import Identity, rollback_stamped, stamp_annotations, stamped_identity
+from unwind.operator.identity import (
+    Bound,
+    Identity,
+    rollback_stamped,
+    stamp_annotations,
+    stamped_identity,
+)
 from unwind.registry.signing import TrustStore, sign
 
 KEY = Ed25519PrivateKey.generate()
@@ -29,6 +36,8 @@ TRUST = TrustStore([KEY.public_key()])
 ALICE = Identity("alice", ("dev", "system:authenticated"))
 BOB = Identity("bob", ("reviewers", "system:authenticated"))
 READ = {"tool": "shop.get_order", "effect": "read_only", "permission": "shop:read"}
+NOW = dt.datetime.now(dt.UTC).replace(microsecond=0)
+CREATED = NOW.strftime("%Y-%m-%dT%H:%M:%SZ")  # as the API server writes creationTimestamp
 
 
 def signer(message: bytes) -> Any:
@@ -37,18 +46,19 @@ def signer(message: bytes) -> Any:
 
 def tm(spec: Any, annotations: dict[str, str] | None = None, **meta: Any) -> dict[str, Any]:
     return {"apiVersion": "unwind.dev/v1alpha1", "kind": "ToolManifest",
-            "metadata": {"name": "get-order", "namespace": "shop", "uid": "u-1",
+            "metadata": {"name": "get-order", "namespace": "shop", "uid": "u-1", "creationTimestamp": CREATED,
                          **({"annotations": annotations} if annotations else {}), **meta},
             "spec": spec}
 
 
 def stored_tm(spec: Any, by: Identity = ALICE) -> dict[str, Any]:
-    return tm(spec, stamp_annotations("ToolManifest", "shop", spec, by, signer))
+    return tm(spec, stamp_annotations("ToolManifest", "shop", spec, by, signer, Bound("get-order", "u-1")))
 
 
 def approval(spec: Any, annotations: dict[str, str] | None = None) -> dict[str, Any]:
     return {"apiVersion": "unwind.dev/v1alpha1", "kind": "Approval",
-            "metadata": {"name": "ok", "namespace": "shop", **({"annotations": annotations} if annotations else {})},
+            "metadata": {"name": "ok", "namespace": "shop", "uid": "a-1", "creationTimestamp": CREATED,
+                         **({"annotations": annotations} if annotations else {})},
             "spec": spec}
 
 
@@ -108,7 +118,7 @@ def test_a_create_is_stamped_with_the_requesters_identity() -> None:
     annotations = mutate_toolmanifest(req("CREATE", tm(READ)), signer)
     assert annotations["unwind.dev/applied-by"] == "alice"
     assert annotations["unwind.dev/applied-by-groups"] == '["dev", "system:authenticated"]'
-    assert stamped_identity("ToolManifest", "shop", READ, annotations, TRUST) == (ALICE, "")
+    assert stamped_identity("ToolManifest", "shop", READ, annotations, TRUST, tm(READ)["metadata"]) == (ALICE, "")
 
 
 def test_a_client_that_writes_the_applied_by_annotation_itself_is_refused() -> None:
@@ -173,7 +183,7 @@ def test_a_forged_approver_is_refused() -> None:
 def test_an_approval_not_stamped_by_the_mutating_webhook_is_refused_at_validation() -> None:
     with pytest.raises(Refused, match="not stamped by the Unwind mutating webhook"):
         validate_approval(req("CREATE", approval(approve_spec(READ)), who=BOB), TRUST)
-    other = stamp_annotations("Approval", "shop", approve_spec(READ), ALICE, signer)
+    other = stamp_annotations("Approval", "shop", approve_spec(READ), ALICE, signer, Bound("ok", "", int(NOW.timestamp())))
     with pytest.raises(Refused):
         validate_approval(req("CREATE", approval(approve_spec(READ), other), who=BOB), TRUST)
 
@@ -207,7 +217,7 @@ def test_a_malformed_approval_names_the_field(spec: dict[str, Any], message: str
 
 
 def test_an_approval_cannot_be_changed_after_creation() -> None:
-    stamps = stamp_annotations("Approval", "shop", approve_spec(READ), BOB, signer)
+    stamps = stamp_annotations("Approval", "shop", approve_spec(READ), BOB, signer, Bound("ok", "", int(NOW.timestamp())))
     old = approval(approve_spec(READ), stamps)
     flipped = approval(approve_spec(READ, "deny"), stamps)
     with pytest.raises(Refused, match="an Approval is a record and cannot be changed"):
@@ -301,14 +311,15 @@ ROLLBACK = {"requested": True, "reason": "the agent misbehaved", "requestedAt": 
 
 def ledger(spec: dict[str, Any], annotations: dict[str, str] | None = None, name: str = "run-1") -> dict[str, Any]:
     return {"apiVersion": "unwind.dev/v1alpha1", "kind": "EffectLedger",
-            "metadata": {"name": name, "namespace": "shop", **({"annotations": annotations} if annotations else {})},
+            "metadata": {"name": name, "namespace": "shop", "uid": f"uid-{name}",
+                         **({"annotations": annotations} if annotations else {})},
             "spec": spec}
 
 
 def requester(obj: dict[str, Any], annotations: dict[str, str]) -> tuple[Identity | None, str]:
     spec = obj["spec"]
     return stamped_identity("EffectLedger", "shop", rollback_stamped(obj["metadata"]["name"], spec.get("rollback")),
-                            annotations, TRUST)
+                            annotations, TRUST, obj["metadata"])
 
 
 def test_asking_for_a_rollback_stamps_who_asked_over_the_ledger_and_the_request() -> None:
@@ -483,3 +494,78 @@ def test_client_names_without_a_client_ca_are_a_configuration_error() -> None:
         ClientAuth("", ("kube-apiserver",)).require(ssl.create_default_context(ssl.Purpose.CLIENT_AUTH))
     with pytest.raises(ValueError, match="cannot load the webhook client CA"):
         ClientAuth("/nonexistent/ca.crt").require(ssl.create_default_context(ssl.Purpose.CLIENT_AUTH))
+
+
+# ---- stamps are bound to the object they were made for -----------------------------------
+
+def test_a_stamp_made_for_object_uid_x_does_not_verify_on_object_uid_y() -> None:
+    old = stored_tm(READ, BOB)
+    new = copy.deepcopy(old)
+    new["spec"] = {**READ, "description": "changed"}
+    notes = mutate_toolmanifest(req("UPDATE", new, old, ALICE), signer)
+    assert notes["unwind.dev/applied-by-stamp"].startswith("uid;")
+    meta = new["metadata"]
+    assert stamped_identity("ToolManifest", "shop", new["spec"], notes, TRUST, meta) == (ALICE, "")
+    # the same name and spec, deleted and created again: another object
+    recreated = {**meta, "uid": "u-2"}
+    who, why = stamped_identity("ToolManifest", "shop", new["spec"], notes, TRUST, recreated)
+    assert who is None and "for this object" in why and "copied from another object" in why
+    assert stamped_identity("ToolManifest", "shop", new["spec"], notes, TRUST, {**meta, "name": "other"})[0] is None
+
+
+def test_a_stamp_made_at_creation_verifies_only_on_the_object_of_that_name_created_then() -> None:
+    notes = mutate_toolmanifest(req("CREATE", tm(READ)), signer)
+    assert notes["unwind.dev/applied-by-stamp"].startswith("created@")
+    meta = tm(READ)["metadata"]
+    assert stamped_identity("ToolManifest", "shop", READ, notes, TRUST, meta) == (ALICE, "")
+    later = {**meta, "creationTimestamp": (NOW + dt.timedelta(hours=1)).strftime("%Y-%m-%dT%H:%M:%SZ")}
+    who, why = stamped_identity("ToolManifest", "shop", READ, notes, TRUST, later)
+    assert who is None and "it was copied" in why
+    assert stamped_identity("ToolManifest", "shop", READ, notes, TRUST, {**meta, "name": "other"})[0] is None
+    assert stamped_identity("ToolManifest", "shop", READ, notes, TRUST, {"name": "get-order"})[0] is None
+
+
+def test_a_stamp_forged_through_a_made_up_review_does_not_verify_on_an_existing_object() -> None:
+    import base64
+    import json
+
+    existing = tm(READ)
+    existing["metadata"].update(uid="u-1", creationTimestamp="2026-01-01T00:00:00Z")
+
+    def stamp_from(op: str, obj: Any) -> dict[str, str]:
+        answer = review("stamp-toolmanifest", obj, user="system:serviceaccount:argocd:argocd-application-controller",
+                        op=op)
+        assert answer["allowed"] is True
+        ops = json.loads(base64.b64decode(answer["patch"]))
+        return next(o["value"] for o in ops if o["path"] == "/metadata/annotations")  # type: ignore[no-any-return]
+
+    made_up_create = tm(READ)
+    del made_up_create["metadata"]["uid"]
+    for forged in (stamp_from("CREATE", made_up_create), stamp_from("UPDATE", tm(READ, uid="u-forged"))):
+        assert stamped_identity("ToolManifest", "shop", READ, forged, TRUST, existing["metadata"])[0] is None
+    answer = review("stamp-toolmanifest", {**tm(READ), "metadata": {"name": "get-order"}}, op="UPDATE")
+    assert answer["allowed"] is False and "metadata.uid" in answer["status"]["message"]
+
+
+def test_an_approval_with_only_generate_name_is_named_by_the_webhook_so_its_stamp_can_name_it() -> None:
+    import base64
+    import json
+
+    made = approval(approve_spec(READ))
+    made["metadata"] = {"generateName": "approve-get-order-", "namespace": "shop"}
+    answer = review("stamp-approval", made, user="bob")
+    ops = json.loads(base64.b64decode(answer["patch"]))
+    name = next(o["value"] for o in ops if o["path"] == "/metadata/name")
+    assert name.startswith("approve-get-order-") and len(name) == len("approve-get-order-") + 5
+    notes = next(o["value"] for o in ops if o["path"] == "/metadata/annotations")
+    stored = {"name": name, "uid": "a-9", "creationTimestamp": CREATED}
+    assert stamped_identity("Approval", "shop", made["spec"], notes, TRUST, stored)[0] == Identity("bob", ("dev",))
+
+
+def test_a_stamp_from_before_stamps_were_bound_still_counts() -> None:
+    from unwind.operator.identity import stamp_message
+
+    sig = signer(stamp_message("ToolManifest", "shop", READ, ALICE))
+    legacy = {"unwind.dev/applied-by": "alice", "unwind.dev/applied-by-groups": '["dev", "system:authenticated"]',
+              "unwind.dev/applied-by-stamp": f"{sig.key_id}:{sig.value}"}
+    assert stamped_identity("ToolManifest", "shop", READ, legacy, TRUST, tm(READ)["metadata"]) == (ALICE, "")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import datetime as dt
 from typing import Any
 
 import pytest
@@ -12,7 +13,7 @@ from unwind.bundle import BUNDLE_NAME, INDEX_KEY, BundleError, load_bundle
 from unwind.manifest.canonical import checksum
 from unwind.manifest.validate import validate_manifest
 from unwind.operator.approval import ApprovalObject
-from unwind.operator.identity import Identity, stamp_annotations
+from unwind.operator.identity import Bound, Identity, stamp_annotations
 from unwind.operator.readers import FINALIZER
 from unwind.operator.reconcile import ManifestObject, Plan, Revision, Settings, plan
 from unwind.registry.signing import TrustStore, key_id, sign
@@ -33,9 +34,11 @@ def signer(message: bytes) -> Any:
     return sign(KEY, message)
 
 
-def stamped(kind: str, spec: Any, user: str, groups: tuple[str, ...] = ()) -> dict[str, str]:
-    """The annotations the admission webhook writes for this user."""
-    return stamp_annotations(kind, "shop", spec, Identity(user, groups), signer)
+def stamped(kind: str, spec: Any, user: str, groups: tuple[str, ...] = (),
+            bound: Bound | None = None) -> dict[str, str]:
+    """The annotations the admission webhook writes for this user, for the object ``bound``
+    names (by default ToolManifest ``read``, changed)."""
+    return stamp_annotations(kind, "shop", spec, Identity(user, groups), signer, bound or Bound("read", "uid-read"))
 
 
 def version_of(spec: dict[str, Any]) -> str:
@@ -78,7 +81,8 @@ class Cluster:
     def apply(self, name: str, spec: dict[str, Any], annotations: dict[str, str] | None = None,
               by: str = ARGO) -> None:
         """Apply as ``by`` (stamped by the webhook) unless raw annotations are given."""
-        annotations = stamped("ToolManifest", spec, by) if annotations is None else annotations
+        annotations = stamped("ToolManifest", spec, by, bound=Bound(name, f"uid-{name}")) \
+            if annotations is None else annotations
         old = self.objects.get(name)
         gen = (old.generation + (old.spec != spec)) if old else 1
         self.objects[name] = ManifestObject(name, f"uid-{name}", gen, copy.deepcopy(spec),
@@ -98,8 +102,12 @@ class Cluster:
                groups: tuple[str, ...] = (), reason: str = "", stamp: bool = True) -> None:
         spec = {"target": {"toolManifest": name, "checksum": digest or version_of(self.objects[name].spec)},
                 "decision": decision, **({"reason": reason} if reason else {})}
-        annotations = stamped("Approval", spec, by, groups) if stamp else {"unwind.dev/approver": by}
-        self.approvals.append(ApprovalObject(f"{by}-{len(self.approvals)}", f"a{len(self.approvals):04d}",
+        n = len(self.approvals)
+        created = f"2026-11-30T10:{n // 60 % 60:02d}:{n % 60:02d}Z"  # in the order decided
+        at = int(dt.datetime.fromisoformat(created.replace("Z", "+00:00")).timestamp())
+        annotations = stamped("Approval", spec, by, groups, Bound(f"{by}-{n}", "", at)) if stamp \
+            else {"unwind.dev/approver": by}
+        self.approvals.append(ApprovalObject(f"{by}-{n}", created,
                                              spec, annotations))
 
     def reconcile(self, settings: Settings | None = None) -> Plan:
@@ -598,3 +606,23 @@ def test_a_namespace_in_observe_mode_gets_a_bundle_that_says_so() -> None:
     c = Cluster(read=READ)
     result = plan("shop", list(c.objects.values()), [], {}, signer, KID, SETTINGS, NOW, now_ms=5, mode="observe")
     assert result.bundle is not None and load(result.bundle).mode == "observe"
+
+
+def test_a_manifest_the_validator_cannot_handle_is_its_own_failure_and_the_others_are_reconciled(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import unwind.operator.reconcile as reconcile
+
+    real = reconcile.validate_manifest
+
+    def crashing(spec: Any) -> Any:
+        if isinstance(spec, dict) and spec.get("tool") == "shop.cancel_order":
+            raise RecursionError("maximum recursion depth exceeded")
+        return real(spec)
+    monkeypatch.setattr(reconcile, "validate_manifest", crashing)
+    c = Cluster()
+    for name, spec in (("read", READ), ("cancel", CANCEL)):
+        c.apply(name, spec, annotations={})
+    c.reconcile()
+    assert c.condition("read", "Valid")["status"] == "True"
+    bad = c.condition("cancel", "Valid")
+    assert bad["status"] == "False" and "could not validate this spec (RecursionError" in bad["message"]

@@ -16,6 +16,8 @@ kopf handlers in handlers.py turn it into the AdmissionReview's denial.
 
 from __future__ import annotations
 
+import datetime as dt
+import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -33,6 +35,7 @@ from .identity import (
     APPROVER,
     KEYS_OF_KIND,
     ROLLBACK_BY,
+    Bound,
     Identity,
     Signer,
     rollback_stamped,
@@ -82,6 +85,36 @@ def listed(lines: list[str], heading: str) -> str:
     return "\n".join([heading, *(f"- {line}" for line in shown), *more])
 
 
+def bound(req: Request, now: dt.datetime | None = None) -> Bound:
+    """The object a stamp made for this request is bound to: on a create, its name and the
+    time (the API server gives it a uid only after the mutating webhooks); on a change, its
+    name and uid, which every real update carries."""
+    meta = _meta(req.new)
+    name = str(meta.get("name") or "")
+    if req.operation == "CREATE":
+        if not name:
+            raise Refused("metadata.name: the Unwind webhook names the object before stamping it; "
+                          "give it a name (or generateName)", 400)
+        return Bound(name, "", int((now or dt.datetime.now(dt.UTC)).timestamp()))
+    uid = str(meta.get("uid") or _meta(req.old).get("uid") or "")
+    if not uid:
+        raise Refused("metadata.uid: an update of an object names its uid; this request names none", 400)
+    return Bound(name, uid)
+
+
+NAME_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"  # the API server's own for generateName
+
+
+def generated_name(req: Request) -> str | None:
+    """The name the webhook gives a created object that has only ``generateName`` (the API
+    server would name it only after the webhooks, too late for a stamp to name it)."""
+    meta = _meta(req.new)
+    prefix = meta.get("generateName")
+    if req.operation != "CREATE" or meta.get("name") or not isinstance(prefix, str) or not prefix:
+        return None
+    return prefix[:58] + "".join(secrets.choice(NAME_ALPHABET) for _ in range(5))
+
+
 def _refuse_forged(req: Request, kind: str) -> None:
     """The stamp annotations are written only by the webhook: a client may leave them out
     or send back exactly what is stored, never a value of its own."""
@@ -122,7 +155,7 @@ def mutate_toolmanifest(req: Request, signer: Signer) -> dict[str, str]:
         return {}
     _refuse_forged(req, "ToolManifest")
     if _spec_changed(req):
-        return stamp_annotations("ToolManifest", req.namespace, req.new.get("spec"), req.who, signer)
+        return stamp_annotations("ToolManifest", req.namespace, req.new.get("spec"), req.who, signer, bound(req))
     stored, sent = _annotations(req.old), _annotations(req.new)
     return {k: str(stored[k]) for k in APPLIED.all() if k in stored and k not in sent}
 
@@ -151,7 +184,7 @@ def mutate_effectledger(req: Request, signer: Signer) -> dict[str, str]:
     rollback = new.get("rollback") if isinstance(new, Mapping) else None
     if rollback and (not isinstance(old, Mapping) or old.get("rollback") != rollback):
         return stamp_annotations("EffectLedger", req.namespace, rollback_stamped(req.name, rollback),
-                                 req.who, signer)
+                                 req.who, signer, bound(req))
     stored, sent = _annotations(req.old), _annotations(req.new)
     return {k: str(stored[k]) for k in ROLLBACK_BY.all() if k in stored and k not in sent}
 
@@ -193,7 +226,7 @@ def mutate_approval(req: Request, target: Mapping[str, Any] | None, signer: Sign
     meta = _meta(target)
     owner = {"apiVersion": f"{API_GROUP}/{API_VERSION}", "kind": kind, "name": str(meta.get("name")),
              "uid": str(meta.get("uid")), "blockOwnerDeletion": False}
-    annotations = stamp_annotations("Approval", req.namespace, req.new.get("spec"), req.who, signer)
+    annotations = stamp_annotations("Approval", req.namespace, req.new.get("spec"), req.who, signer, bound(req))
     return ApprovalPatch(annotations, owner)
 
 
@@ -211,7 +244,7 @@ def _check_manifest_target(req: Request, spec: ApprovalSpec, target: Mapping[str
                       f"(kubectl unwind {spec.decision} tm/{name} fills it in)", 409)
     if four_eyes and spec.decision == "approve":
         author, _ = stamped_identity("ToolManifest", req.namespace, target.get("spec"),
-                                     _annotations(target), trust)
+                                     _annotations(target), trust, _meta(target))
         if author is not None and author.user == req.who.user:
             raise Refused(f"four-eyes: you ({req.who.user}) last changed the spec of ToolManifest "
                           f"{name!r}; someone else must approve it", 403)
@@ -230,7 +263,9 @@ def validate_approval(req: Request, trust: TrustStore) -> None:
             if sent.get(key) != stored.get(key):
                 raise Refused(f"metadata.annotations[{key}]: the recorded approver cannot be changed", 403)
     elif req.operation == "CREATE":
-        who, why = stamped_identity("Approval", req.namespace, req.new.get("spec"), _annotations(req.new), trust)
+        # the API server has given the object its uid and creationTimestamp by now
+        who, why = stamped_identity("Approval", req.namespace, req.new.get("spec"), _annotations(req.new), trust,
+                                    _meta(req.new))
         if who is None or who.user != req.who.user:
             raise Refused("the approver was not stamped by the Unwind mutating webhook "
                           f"({why or 'the identity differs from the requester'}): check that the "

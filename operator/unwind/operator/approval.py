@@ -34,6 +34,11 @@ class ApprovalObject:
     spec: Any
     annotations: Mapping[str, str] = field(default_factory=dict)
 
+    def meta(self) -> dict[str, str]:
+        """What the approver's stamp is bound to: its name and creation time (an Approval is
+        stamped when it is created, before it has a uid)."""
+        return {"name": self.name, "creationTimestamp": self.created}
+
 
 @dataclass(frozen=True)
 class Decision:
@@ -69,7 +74,7 @@ def decisions_by_manifest(namespace: str, approvals: Iterable[ApprovalObject],
         target = spec.target.toolManifest
         if not target or not spec.target.checksum:
             continue
-        who, why = stamped_identity("Approval", namespace, a.spec, a.annotations, trust)
+        who, why = stamped_identity("Approval", namespace, a.spec, a.annotations, trust, a.meta())
         if who is None:
             unstamped.setdefault(target, []).append(f"Approval {a.name}: {why}")
             continue
@@ -101,5 +106,7 @@ def is_trusted(who: Identity | None, trusted: Sequence[str]) -> bool:
 
 
 def applier(namespace: str, spec: Any, annotations: Mapping[str, str],
-            trust: TrustStore) -> tuple[Identity | None, str]:
-    return stamped_identity("ToolManifest", namespace, spec, annotations, trust)
+            trust: TrustStore, meta: Mapping[str, Any] | None = None) -> tuple[Identity | None, str]:
+    """Who last changed the spec, when the stamp verifies for this object (``meta``: its
+    name, uid and creationTimestamp)."""
+    return stamped_identity("ToolManifest", namespace, spec, annotations, trust, meta)

@@ -20,7 +20,7 @@ import json
 import logging
 import os
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from kubernetes.client.exceptions import ApiException
@@ -141,15 +141,17 @@ class Admission:
 
     async def stamp_toolmanifest(self, req: Request, raw: Mapping[str, Any]) -> list[dict[str, Any]]:
         assert self.signer is not None
-        return annotation_patch(req.new, admission.mutate_toolmanifest(req, self.signer))
+        req, named = _named(req)
+        return named + annotation_patch(req.new, admission.mutate_toolmanifest(req, self.signer))
 
     async def stamp_approval(self, req: Request, raw: Mapping[str, Any]) -> list[dict[str, Any]]:
         assert self.signer is not None
+        req, named = _named(req)
         target = await asyncio.to_thread(_target, self.read, req.namespace, req.new.get("spec"))
         result = admission.mutate_approval(req, target, self.signer, self.trust, self.four_eyes)
         if result is None:
-            return []
-        return annotation_patch(req.new, result.annotations) + owner_patch(req.new, result.owner)
+            return named
+        return named + annotation_patch(req.new, result.annotations) + owner_patch(req.new, result.owner)
 
     async def stamp_effectledger(self, req: Request, raw: Mapping[str, Any]) -> list[dict[str, Any]]:
         assert self.signer is not None
@@ -185,6 +187,17 @@ class Admission:
             raise Refused(listed(problems, "this pod asks for an Unwind gateway but its spec would let the "
                                            f"agent around it; {WHAT_TO_DO}:"), 400)
         return inject(req.new, req.namespace, scopes, secrets, self.sidecar)
+
+
+def _named(req: Request) -> tuple[Request, list[dict[str, Any]]]:
+    """A created object with only ``generateName`` is named here, so its stamp can name it."""
+    name = admission.generated_name(req)
+    if name is None:
+        return req, []
+    meta = dict(req.new.get("metadata") or {})
+    meta["name"] = name
+    new = {**req.new, "metadata": meta}
+    return replace(req, new=new), [{"op": "add", "path": "/metadata/name", "value": name}]
 
 
 OWN_TOKEN = "/var/run/secrets/kubernetes.io/serviceaccount/token"

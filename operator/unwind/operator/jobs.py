@@ -72,7 +72,7 @@ def requester(namespace: str, meta: dict[str, Any], rollback: Any,
               trust: Callable[[], TrustStore]) -> dict[str, Any]:
     """Who asked for the rollback (``Requester``): the webhook's stamp, verified, or why not."""
     who, problem = stamped_identity("EffectLedger", namespace, rollback_stamped(str(meta["name"]), rollback),
-                                    meta.get("annotations") or {}, trust())
+                                    meta.get("annotations") or {}, trust(), meta)
     if who is None:
         return {"problem": problem}
     return {"user": who.user, "groups": list(who.groups)}

@@ -53,7 +53,7 @@ def decisions_for(ledger: str, namespace: str, approvals: Iterable[ApprovalObjec
             continue
         if spec.target.effectLedger != ledger or not spec.target.entry:
             continue
-        who, _ = stamped_identity("Approval", namespace, a.spec, a.annotations, trust)
+        who, _ = stamped_identity("Approval", namespace, a.spec, a.annotations, trust, a.meta())
         if who is None:
             continue  # written around the webhook: never counts
         found.setdefault(spec.target.entry, []).append(ApprovalDecision(

@@ -95,7 +95,9 @@ def plan(namespace: str, manifests: Sequence[ManifestObject], revisions: Sequenc
                                    "shorten descriptions or residue text"))
             continue
         st.model, st.digest = model, checksum_bytes(blob)
-        st.author, st.author_problem = applier(namespace, st.obj.spec, st.obj.annotations, trust)
+        st.author, st.author_problem = applier(namespace, st.obj.spec, st.obj.annotations, trust,
+                                               {"name": st.obj.name, "uid": st.obj.uid,
+                                                "creationTimestamp": st.obj.created})
         known = by_owner.setdefault(st.obj.uid, {})
         rev = known.get(st.digest)
         if rev is None and not (st.obj.deleting or terminating):  # a manifest going away needs no new version
