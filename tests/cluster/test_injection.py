@@ -111,3 +111,50 @@ def test_a_labelled_pod_whose_spec_would_let_the_agent_around_its_gateway_is_ref
     assert "spec.containers[0].volumeMounts[0]: volume 'unwind-token' is the gateway's alone" in message
     assert "remove its label unwind.dev/inject=true" in message
     assert not core.list_namespaced_pod(namespace).items
+
+
+def test_the_upstream_secret_in_a_labelled_pods_env_is_refused_by_the_api_server(
+        operator: OperatorProcess, kubeconfig: Path, k8s_api: client.ApiClient, namespace: str) -> None:
+    core = client.CoreV1Api(k8s_api)
+    core.create_namespaced_service_account(namespace, {"metadata": {"name": "agent"}})
+    core.create_namespaced_secret(namespace, {"metadata": {"name": "shop-api"}, "stringData": {"token": "s3cret"}})
+    apply(kubeconfig, namespace, tm("get-order", SHOP))
+    wait_for("published", lambda: enforced(k8s_api, namespace) == {"shop.get_order": 1})
+    wait_for("the default token controller", lambda: core.read_namespaced_service_account("agent", namespace).secrets)
+    pod = labelled_pod("leaky", ["sleep", "1"])
+    pod["spec"]["containers"][0]["env"] = [
+        {"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "shop-api", "key": "token"}}}]
+    try:
+        core.create_namespaced_pod(namespace, pod)
+    except client.ApiException as exc:
+        assert exc.status == 400
+        message = json.loads(exc.body)["message"]
+    else:
+        raise AssertionError("a labelled pod reading the upstream Secret into its agent's env was created")
+    assert ("spec.containers[0].env[0].valueFrom.secretKeyRef: Secret 'shop-api' holds credentials this "
+            "namespace's ToolManifests send upstream") in message
+
+
+def test_with_the_operator_down_a_labelled_pod_is_refused_and_an_unlabelled_pod_is_admitted(
+        operator: OperatorProcess, k8s_api: client.ApiClient, namespace: str) -> None:
+    core = client.CoreV1Api(k8s_api)
+    core.create_namespaced_service_account(namespace, {"metadata": {"name": "agent"}})
+    wait_for("the default token controller", lambda: core.read_namespaced_service_account("agent", namespace).secrets)
+    operator.stop()  # every replica: nothing answers the webhooks
+    try:
+        try:
+            core.create_namespaced_pod(namespace, labelled_pod("governed", ["sleep", "1"]))
+        except client.ApiException as exc:
+            message = json.loads(exc.body)["message"]
+            assert exc.status == 500, message
+        else:
+            raise AssertionError("a labelled pod was admitted with no operator to give it its gateway")
+        assert 'failed calling webhook "pods.inject.unwind.dev"' in message
+        plain = core.create_namespaced_pod(namespace, {**labelled_pod("plain", ["sleep", "1"]),
+                                                       "metadata": {"name": "plain"}})
+        assert [c.name for c in plain.spec.containers] == ["agent"]
+        assert [p.metadata.name for p in core.list_namespaced_pod(namespace).items] == ["plain"]
+    finally:
+        operator.start()
+    pod = core.create_namespaced_pod(namespace, labelled_pod("governed", ["sleep", "1"]))
+    assert CONTAINER in [c.name for c in pod.spec.containers]
