@@ -93,3 +93,30 @@ def test_kubectl_flags_before_plan_and_rollback_are_moved_after_them() -> None:
 
     assert hoist_kube_flags(["-n", "shop", "plan", "ledger/r"], HOISTED) == ["plan", "-n", "shop", "ledger/r"]
     assert hoist_kube_flags(["--context=c", "rollback", "ledger/r"], HOISTED) == ["rollback", "--context=c", "ledger/r"]
+
+
+def test_watch_ends_with_the_operators_failure_on_the_ledger_instead_of_timing_out() -> None:
+    # the plan could not be written: status.rollback never reaches the request's generation
+    refused = ledger(2, True, RolledBack=("False", "StatusWriteFailed"), Degraded=("True", "StatusWriteFailed"))
+    refused["status"]["conditions"][0]["observedGeneration"] = 3
+    assert view.rollback_done(refused, 3) == (False, "StatusWriteFailed: RolledBack StatusWriteFailed")
+    older = ledger(2, True, RolledBack=("False", "StatusWriteFailed"))  # about an earlier request
+    assert view.rollback_done(older, 3) is None
+
+
+def test_a_partial_rollback_ends_the_watch_saying_partly_and_exits_zero() -> None:
+    partial = ledger(3, True, RolledBack=("False", "PartiallyRolledBack"), Degraded=("False", "NoFailures"))
+    done = view.rollback_done(partial, 3)
+    assert done == (True, "PartiallyRolledBack: RolledBack PartiallyRolledBack")
+    assert view.ended_line("ledger/run-1", *done) == "ledger/run-1: partly rolled back: RolledBack PartiallyRolledBack"
+    assert view.ended_line("ledger/run-1", True, "1 step ran") == "ledger/run-1: rolled back: 1 step ran"
+
+
+def test_a_watch_that_times_out_says_what_the_ledger_shows_and_asks_about_the_operator_only_without_a_sign() -> None:
+    silent = view.watch_timeout(ledger(2, True), "ledger/run-1", 3, 600)
+    assert "has not planned the request (generation 3)" in silent and "is the operator running" in silent
+    going = view.watch_timeout(ledger(3, False, RolledBack=("False", "WaitingForApproval")), "ledger/run-1", 3, 600)
+    assert "the rollback goes on (WaitingForApproval: RolledBack WaitingForApproval)" in going
+    assert "operator running" not in going
+    broken = view.watch_timeout(ledger(2, True, Degraded=("True", "DecisionsWriteFailed")), "ledger/run-1", 3, 600)
+    assert broken.startswith("error: timed out after 600s: ledger/run-1 is Degraded (DecisionsWriteFailed)")

@@ -101,6 +101,8 @@ class World:
             self.view.rollback = d.status["rollback"]
         if "conditions" in d.status:
             self.view.conditions = d.status["conditions"]
+        if "live" in d.status:
+            self.view.live = d.status["live"]
         for body in d.jobs:
             name = body["metadata"]["name"]
             if name not in self.jobs:
@@ -196,6 +198,43 @@ def test_steps_run_one_after_another_and_the_ledger_ends_rolled_back(versions: V
     assert w.view.rollback["finished"]
     assert len(w.created) == 4
     assert w.step().empty  # nothing more to do
+
+
+def test_a_rollback_of_one_entry_does_not_read_rolled_back_while_the_runs_other_effects_are_live(
+        versions: Versions) -> None:
+    w = World(versions, story(versions), request={"requested": True, "reason": "r", "entries": ["c-1"]})
+    first = w.step()
+    assert first.status["live"] == 4  # before: the charge, the comment, the issue and the draft
+    (step,) = w.steps()
+    w.finish(step["job"], undone(w.step_input(w.created[-1])))
+    d = w.step()
+    rolled = w.condition("RolledBack")
+    assert (rolled["status"], rolled["reason"]) == ("False", "PartiallyRolledBack")
+    assert "3 other entries of the run still have live effects (pay-1, i-1, rel-1)" in rolled["message"]
+    assert "kubectl unwind rollback ledger/run-42 --reason TEXT" in rolled["message"]
+    assert w.condition("Degraded")["status"] == "False"
+    assert w.view.live == 3 and d.status["live"] == 3
+    assert [e.reason for e in d.events] == ["StepSucceeded", "PartiallyRolledBack"]
+    # the rest rolled back by a second request: now RolledBack, nothing live
+    w.view.request = {"requested": True, "reason": "the rest", "requestedAt": "later"}
+    w.view.generation += 1
+    w.step(parallelism=4)
+    for s in [s for s in w.steps() if s["state"] == "running"]:
+        body = next(b for b in w.created if b["metadata"]["name"] == s["job"])
+        w.finish(s["job"], undone(w.step_input(body)))
+    w.step()
+    assert w.condition("RolledBack")["status"] == "True" and w.view.live == 0
+
+
+def test_a_full_rollback_that_leaves_an_irreversible_effect_behind_reads_rolled_back_and_counts_it_live(
+        versions: Versions) -> None:
+    sent = entry(versions, "m-1", "test.issue_without_number", {"repo": "octo/hello", "title": "t"}, {}, 1)
+    w = World(versions, [sent])
+    w.step()
+    assert [s["state"] for s in w.steps()] == ["left"]
+    assert w.condition("RolledBack")["status"] == "True"
+    assert "left behind: m-1 (unrecoverable)" in w.condition("RolledBack")["message"]
+    assert w.view.live == 1
 
 
 def test_independent_steps_run_at_once_up_to_the_parallelism(versions: Versions) -> None:

@@ -6,11 +6,18 @@ A structural schema, as the API server requires: ``$ref``s inlined, no ``title``
 reference, an approval shorthand). The ToolManifest spec also keeps unknown fields at every
 level: an API server prunes undeclared fields before any webhook sees them, and the
 manifest format promises that a typo is an error, so the webhook must see the typo.
+
+``storable`` is what a writer sends: the API server's validator (go-openapi, in the 1.20
+build here) takes an empty string for a missing value and refuses it in every non-nullable
+``type: string`` field as ``Invalid value: "null"``, and it prunes explicit nulls of
+non-nullable fields. So a value is written without its ``""`` and ``None`` in typed places;
+every such field reads back the same, because the models give them that default.
 """
 
 from __future__ import annotations
 
 import copy
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -120,6 +127,51 @@ def crd_for(kind: Kind) -> dict[str, Any]:
             }],
         },
     }
+
+
+@cache
+def status_schema(kind: str) -> dict[str, Any]:
+    """The structural schema of a kind's status, as the API server validates it."""
+    found = next(k for k in KINDS if k.kind == kind)
+    return crd_for(found)["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]  # type: ignore[no-any-return]
+
+
+def _open(schema: dict[str, Any]) -> bool:
+    return bool(schema.get("x-kubernetes-preserve-unknown-fields")) and not schema.get("properties")
+
+
+def storable(value: Any, schema: dict[str, Any]) -> Any:
+    """``value`` as the API server stores it unchanged: without the ``""`` it would refuse
+    and the nulls it would drop in the places ``schema`` types. Kept whole where the schema
+    keeps unknown fields (handles, arguments, reports: the values there are data)."""
+    if _open(schema) or schema.get("x-kubernetes-int-or-string"):
+        return value
+    if isinstance(value, dict):
+        props = schema.get("properties")
+        extra = schema.get("additionalProperties")
+        out = {}
+        for key, item in value.items():
+            sub = (props or {}).get(key) if props is not None else (extra if isinstance(extra, dict) else None)
+            if sub is None:
+                out[key] = item  # undeclared: the API server prunes it, its writer's business
+            elif not _dropped(item, sub):
+                out[key] = storable(item, sub)
+        return out
+    if isinstance(value, list):
+        items = schema.get("items") or {}
+        return [storable(v, items) for v in value if not _dropped(v, items)]
+    return value
+
+
+def _dropped(value: Any, schema: dict[str, Any]) -> bool:
+    if schema.get("nullable") or _open(schema):
+        return False
+    return value is None or (value == "" and schema.get("type") == "string")
+
+
+def storable_status(kind: str, status: dict[str, Any]) -> dict[str, Any]:
+    """A status of ``kind`` (EffectLedger, ToolManifest, Approval) as a writer sends it."""
+    return storable(status, status_schema(kind))  # type: ignore[no-any-return]
 
 
 def render(kind: Kind) -> str:

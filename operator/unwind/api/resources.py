@@ -142,8 +142,12 @@ class LedgerStatus(_Status):
     next: str | None = Field(None, description="The name of the continuation page, when there is one.")
     entryCount: int = Field(0, description="Entries on this page (a printer column).")
     lastState: str | None = Field(None, description="The state of the latest entry (a printer column).")
+    live: int | None = Field(None, description="On a run's first page: entries of the run whose effects may still stand "
+                                               "(succeeded, uncertain or pending calls of tools that are not read-only "
+                                               "or idempotent, and undos not done); the operator counts them at each "
+                                               "rollback pass and at least every --lookup-seconds (a printer column).")
     observedGeneration: int | None = None
-    conditions: list[Condition] = Field(default_factory=list, description="On a run's first page: RollbackPlanned, RolledBack, Degraded, RetentionExpired.")
+    conditions: list[Condition] = Field(default_factory=list, description="On a run's first page: RollbackPlanned, RolledBack, Degraded, RetentionExpired (reasons: docs/rollback.md).")
     rollback: RollbackStatus | None = Field(None, description="On a run's first page: the rollback the operator runs (docs/rollback.md).")
 
 
@@ -221,7 +225,8 @@ KINDS: tuple[Kind, ...] = (
     Kind("EffectLedger", "effectledgers", ("ledger",), LedgerSpec, LedgerStatus,
          "The record of one agent run's effects, written before and after each call.",
          (Column("Run", ".spec.run"), Column("Entries", ".status.entryCount", "integer"),
-          Column("Last State", ".status.lastState"), Column("Page", ".spec.page", "integer", 1),
+          Column("Last State", ".status.lastState"), Column("Live", ".status.live", "integer"),
+          Column("Page", ".spec.page", "integer", 1),
           Column("Rolled Back", '.status.conditions[?(@.type=="RolledBack")].reason', "string", 1),
           Column("Requested By", ".status.rollback.requestedBy.user", "string", 1),
           Column("Age", ".metadata.creationTimestamp", "date"))),

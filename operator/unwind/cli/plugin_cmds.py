@@ -422,11 +422,10 @@ def _watch_rollback(k: Kubectl, target: Target, generation: int, timeout: float)
         done = view.rollback_done(obj, generation)
         if done is not None:
             ok, why = done
-            print(f"{target}: {'rolled back' if ok else 'not rolled back'}: {why}", flush=True)
+            print(view.ended_line(str(target), ok, why), flush=True)
             return 0 if ok else 1
         if time.monotonic() >= deadline:
-            print(f"error: timed out after {timeout:g}s; the rollback goes on (is the operator "
-                  "running?)", file=sys.stderr)
+            print(view.watch_timeout(obj, str(target), generation, timeout), file=sys.stderr)
             return 1
         time.sleep(POLL_SECONDS)
 

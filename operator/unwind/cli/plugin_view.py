@@ -436,6 +436,10 @@ class Detail:
 # ---- rollback: plan inputs and --watch ------------------------------------------------
 
 FINAL_REASONS = frozenset({"PlanFailed", "PlanTooLarge", "NoImage", "StepFailed", "Cancelled"})
+# The operator could not plan or record the request on this ledger (docs/rollback.md):
+# status.rollback never gets to the request's generation, so the condition alone says it.
+PASS_FAILURES = frozenset({"StatusWriteFailed", "ReconcileFailed"})
+PARTIAL = "PartiallyRolledBack"
 
 
 def cluster_versions(manifests: Iterable[Mapping[str, Any]], revisions: Iterable[Mapping[str, Any]],
@@ -499,18 +503,48 @@ def step_lines(seen: dict[int, str], rollback: Mapping[str, Any]) -> list[str]:
 
 
 def rollback_done(obj: Mapping[str, Any], generation: int) -> tuple[bool, str] | None:
-    """(succeeded, why) once the rollback of ``generation`` has ended, else None."""
+    """(succeeded, why) once the rollback of ``generation`` has ended, else None. A
+    rollback of some entries whose run has other live effects ends (True, "PartiallyRolledBack: ...")."""
+    conds = conditions(obj)
+    rolled, degraded = conds.get("RolledBack", {}), conds.get("Degraded", {})
+    if rolled.get("reason") in PASS_FAILURES and int(rolled.get("observedGeneration") or 0) >= generation:
+        return False, f"{rolled.get('reason')}: {rolled.get('message')}"
     rb = status(obj).get("rollback")
     if not isinstance(rb, Mapping) or int(rb.get("generation") or 0) < generation:
         return None
-    conds = conditions(obj)
-    rolled, degraded = conds.get("RolledBack", {}), conds.get("Degraded", {})
     if rolled.get("observedGeneration") not in (None, generation) and not rb.get("finished"):
         return None
     if rolled.get("status") == "True":
         return True, str(rolled.get("message") or "rolled back")
+    if rolled.get("reason") == PARTIAL and rb.get("finished"):
+        return True, f"{PARTIAL}: {rolled.get('message')}"
     if degraded.get("status") == "True" and rb.get("finished"):
         return False, f"Degraded: {degraded.get('message')}"
     if rolled.get("status") == "False" and rolled.get("reason") in FINAL_REASONS and rb.get("finished"):
         return False, f"{rolled.get('reason')}: {rolled.get('message')}"
     return None
+
+
+def ended_line(target: str, ok: bool, why: str) -> str:
+    """The watch's last line once the rollback ended."""
+    if ok and why.startswith(f"{PARTIAL}: "):
+        return f"{target}: partly rolled back: {why[len(PARTIAL) + 2:]}"
+    return f"{target}: {'rolled back' if ok else 'not rolled back'}: {why}"
+
+
+def watch_timeout(obj: Mapping[str, Any], target: str, generation: int, timeout: float) -> str:
+    """What --watch says when it gives up: where the rollback stands, or what the ledger says
+    went wrong; "is the operator running?" only when nothing shows the operator saw the request."""
+    name = target.split("/", 1)[-1]
+    rb = status(obj).get("rollback")
+    conds = conditions(obj)
+    rolled, degraded = conds.get("RolledBack", {}), conds.get("Degraded", {})
+    head = f"error: timed out after {timeout:g}s"
+    events = f"kubectl get events --field-selector involvedObject.name={name}"
+    if degraded.get("status") == "True":
+        return f"{head}: {target} is Degraded ({degraded.get('reason')}): {degraded.get('message')}"
+    if isinstance(rb, Mapping) and int(rb.get("generation") or 0) >= generation:
+        state = f" ({rolled.get('reason')}: {rolled.get('message')})" if rolled else ""
+        return f"{head}; the rollback goes on{state}: follow it with `kubectl get {target} -w` or {events}"
+    return (f"{head}: the operator has not planned the request (generation {generation}) and the ledger "
+            f"shows no failure: is the operator running and leading? See {events} and the operator's log")

@@ -28,12 +28,14 @@ from ..api.conditions import now_rfc3339
 from . import metrics
 from .hooks import Admission, WebhookConfig, reader
 from .inject import Sidecar, native_sidecars, server_version
-from .jobs import RollbackConfig, RollbackLoop, RollbackWorker, relevant
+from .jobs import RollbackConfig, RollbackLoop, RollbackWorker, mark_failed, mark_written, relevant
 from .keys import KeyKeeper
-from .kube import APPROVALS, BUNDLE_LABEL, LEDGERS, PLURAL, Kube
+from .kube import APPROVALS, BUNDLE_LABEL, LEDGERS, PLURAL, Kube, _message
 from .leader import Elector, Timing
+from .ledgerfailures import permanent
 from .ledgers import decide_entries, decisions_for, ledger_targets
 from .reconcile import Settings, failure_statuses, plan
+from .rollback import Reason
 from .undojob import ledger_of_job
 from .webhook import TLSKeeper, WebhookServer
 
@@ -163,13 +165,41 @@ def reconcile_namespace(kube: Kube, namespace: str, keeper: KeyKeeper, settings:
 
 
 def decide_ledgers(kube: Kube, namespace: str, approvals: list[Any], trust: Any) -> None:
-    """Write the stamped decisions of Approvals that name ledger entries into those entries."""
+    """Write the stamped decisions of Approvals that name ledger entries into those entries,
+    each ledger on its own: one the API server refuses gets Degraded=True
+    (DecisionsWriteFailed) and an Event, and the others are written; a temporary failure
+    (409, 429, 5xx) is raised once the others are done, so the reconcile is retried."""
     now = datetime.now(UTC)
+    retry: ApiException | None = None
     for ledger in sorted(ledger_targets(approvals)):
         decisions = decisions_for(ledger, namespace, approvals, trust)
-        if decisions:
-            kube.update_ledger(namespace, ledger, lambda entries, d=decisions, name=ledger:  # type: ignore[misc]
-                               decide_entries(name, entries, d, now))
+        if not decisions:
+            continue
+        try:
+            written = kube.update_ledger(namespace, ledger, lambda entries, d=decisions, name=ledger:  # type: ignore[misc]
+                                         decide_entries(name, entries, d, now))
+        except ApiException as exc:
+            if not permanent(exc.status):
+                retry = retry or exc
+                continue
+            why = f"{exc.status} {exc.reason}: {_message(exc)}"
+            _with_ledger(kube, namespace, ledger, lambda obj, why=why: mark_failed(
+                kube.custom, kube.core, namespace, obj, Reason.DECISIONS_WRITE_FAILED, why))
+            continue
+        if written:
+            _with_ledger(kube, namespace, ledger, lambda obj: mark_written(
+                kube.custom, namespace, obj, Reason.DECISIONS_WRITE_FAILED))
+    if retry is not None:
+        raise retry
+
+
+def _with_ledger(kube: Kube, namespace: str, name: str, then: Any) -> None:
+    try:
+        obj = kube.custom.get_namespaced_custom_object(API_GROUP, API_VERSION, namespace, LEDGERS, name)
+    except ApiException as exc:
+        log.warning("namespace %s: ledger %s could not be read (%s %s)", namespace, name, exc.status, exc.reason)
+        return
+    then(dict(obj))
 
 
 def build_registry(config: Config, api: client.ApiClient) -> kopf.OperatorRegistry:

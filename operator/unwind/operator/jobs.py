@@ -13,6 +13,11 @@ answers, retention). One loop per namespace then, on the leader only:
    resourceVersion read: a conflict ends the pass for that ledger and marks it dirty
    again), then the Jobs (409: it exists, it ran or runs), then deletions and Events. Writing the status first is what makes a restart safe: a Job is
    only ever created for a step already recorded as running, with its entry ``undoing``.
+
+Each ledger is its own unit (ledgerfailures.py): one whose status the API server refuses,
+or whose decision raises, gets a condition and an Event and a retry with a backoff of its
+own, and the pass goes on with the next ledger. Only a failure to gather the namespace
+(listing ledgers, Jobs, manifest versions) retries the namespace's pass whole.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from pydantic import ValidationError
 
 from .. import API_GROUP, API_VERSION
 from ..api.conditions import now_rfc3339
+from ..api.crd import storable_status
 from ..bundle import BundleError, load_bundle
 from ..ledger.entry import ApprovalDecision, Entry
 from ..ledger.plan import Versions
@@ -55,17 +61,21 @@ from .kube import (
     _message,
     pages,
 )
+from .ledgerfailures import failed_ledger, permanent, retry_after, written_again
 from .ledgers import decisions_for
 from .objects import Event
 from .retention import Retention
 from .retention import decide as decide_retention
-from .rollback import Context, Decision, JobView, LedgerView, decide
+from .rollback import PASS_FAILURES, Context, Decision, JobView, LedgerView, Reason, decide
 from .undojob import LEDGER_LABEL
 
 log = logging.getLogger("unwind.operator.rollback")
 LEDGER_PAGE = 20  # ledgers are large: list them a few at a time
 ALL: frozenset[str] = frozenset()  # "every ledger of the namespace"
 
+
+
+KIND = "EffectLedger"
 
 
 def requester(namespace: str, meta: dict[str, Any], rollback: Any,
@@ -79,6 +89,15 @@ def requester(namespace: str, meta: dict[str, Any], rollback: Any,
 
 class Conflict(Exception):
     """A page changed since it was read: the ledger is decided again on the next pass."""
+
+
+@dataclass
+class PassResult:
+    """What a pass over a namespace leaves to do: ledgers to look at again soon (a
+    conflict, a Job still running), and ledgers whose own pass failed (retried with backoff)."""
+
+    again: set[str] = field(default_factory=set)
+    failed: set[str] = field(default_factory=set)
 
 
 @dataclass(frozen=True)
@@ -226,20 +245,20 @@ class RollbackWorker:
         return out
 
     # ---- one pass ---------------------------------------------------------------------
-    def reconcile(self, namespace: str, names: frozenset[str]) -> set[str]:
-        """Decide and write every dirty ledger; returns the ledgers to look at again soon
-        (a conflict, a Job still running)."""
-        again: set[str] = set()
+    def reconcile(self, namespace: str, names: frozenset[str]) -> PassResult:
+        """Decide and write every dirty ledger, each on its own: one that fails is recorded
+        on that ledger (``_failed``) and the pass goes on."""
+        out = PassResult()
         cache: dict[str, Any] = {}
 
         def versions() -> Versions:
             if "versions" not in cache:
-                cache["versions"] = self.versions(namespace)
+                cache["versions"] = _gathered(self.versions, namespace)
             return cache["versions"]  # type: ignore[no-any-return]
 
         def jobs() -> dict[str, JobView]:
             if "jobs" not in cache:
-                cache["jobs"] = self.jobs(namespace)
+                cache["jobs"] = _gathered(self.jobs, namespace)
             return cache["jobs"]  # type: ignore[no-any-return]
         now = datetime.now(UTC)
         full = not names
@@ -247,15 +266,33 @@ class RollbackWorker:
             name = first["metadata"]["name"]
             try:
                 if self._one(namespace, first, versions, jobs, now, full):
-                    again.add(name)
+                    out.again.add(name)
             except Conflict:
-                again.add(name)
+                out.again.add(name)
+            except _Refused as exc:
+                out.failed.add(name)
+                self._failed(namespace, first, Reason.STATUS_WRITE_FAILED, str(exc))
             except ApiException as exc:
                 if exc.status in (404, 409):
-                    again.add(name)
-                    continue
+                    out.again.add(name)
+                elif permanent(exc.status):
+                    out.failed.add(name)
+                    self._failed(namespace, first, Reason.RECONCILE_FAILED,
+                                 f"{exc.status} {exc.reason}: {_message(exc)}")
+                else:  # 429, 5xx: this ledger again, later; the others now
+                    out.failed.add(name)
+                    log.warning("namespace %s: ledger %s: %s %s, retried with backoff", namespace,
+                                name, exc.status, exc.reason)
+            except _Gather:
                 raise
-        return again
+            except Exception as exc:  # a bug met by this ledger's data must not stop the others
+                out.failed.add(name)
+                log.exception("namespace %s: ledger %s could not be decided", namespace, name)
+                self._failed(namespace, first, Reason.RECONCILE_FAILED, f"{type(exc).__name__}: {exc}")
+        return out
+
+    def _failed(self, namespace: str, first: dict[str, Any], reason: str, why: str) -> None:
+        mark_failed(self.custom, self.core, namespace, first, reason, why)
 
     def _one(self, namespace: str, first: dict[str, Any], versions: Callable[[], Versions],
              jobs: Callable[[], dict[str, JobView]], now: datetime, full: bool) -> bool:
@@ -280,7 +317,8 @@ class RollbackWorker:
         view = LedgerView(meta["name"], meta["uid"], str(spec.get("run") or meta["name"]),
                           int(meta.get("generation") or 1), spec.get("rollback"), rb,
                           list(status.get("conditions") or []), entries,
-                          requester(namespace, meta, spec.get("rollback"), self.trust) if requested else None)
+                          requester(namespace, meta, spec.get("rollback"), self.trust) if requested else None,
+                          live=status.get("live"))
         decisions = self._approvals_needed(namespace, ledger, rb)
         refused = {n: w for (ns, n), w in self.refused.items() if ns == namespace}
         ctx = Context(namespace, now, self.config.image, self.config.parallelism, self.config.lookup_every)
@@ -309,7 +347,8 @@ class RollbackWorker:
         steps = (rb or {}).get("steps") or []
         if not any(s.get("requires_approval") and s.get("state") in ("pending", "waiting") for s in steps):
             return {}
-        return self.decisions(namespace, [p["metadata"]["name"] for p in ledger.pages])
+        names = [p["metadata"]["name"] for p in ledger.pages]
+        return _gathered(lambda ns: self.decisions(ns, names), namespace)  # type: ignore[no-any-return]
 
     # ---- write ------------------------------------------------------------------------
     def _write(self, namespace: str, ledger: _Ledger, d: Decision) -> None:
@@ -324,7 +363,7 @@ class RollbackWorker:
                 status["lastState"] = entries[-1].get("state")
             if first:
                 status.update(d.status)
-            body = {**page, "status": status}
+            body = {**page, "status": storable_status(KIND, status)}
             try:
                 _discard(self.custom.replace_namespaced_custom_object_status(
                     API_GROUP, API_VERSION, namespace, LEDGERS, page["metadata"]["name"], body,
@@ -332,6 +371,8 @@ class RollbackWorker:
             except ApiException as exc:
                 if exc.status == 409:
                     raise Conflict(page["metadata"]["name"]) from None
+                if permanent(exc.status):
+                    raise _Refused(f"{exc.status} {exc.reason}: {_message(exc)}") from exc
                 raise
         for body in d.jobs:
             self._create_job(namespace, body)
@@ -363,21 +404,83 @@ class RollbackWorker:
                  ledger.first["metadata"]["name"], len(ledger.pages))
 
     def _events(self, namespace: str, meta: dict[str, Any], events: list[Event]) -> None:
-        for event in events:
-            now = now_rfc3339()
-            body = {
-                "apiVersion": "v1", "kind": "Event",
-                "metadata": {"generateName": f"{event.name[:200].rstrip('.-')}.", "namespace": namespace},
-                "involvedObject": {"apiVersion": f"{API_GROUP}/{API_VERSION}", "kind": event.kind,
-                                   "name": event.name, "namespace": namespace, "uid": meta.get("uid", "")},
-                "type": event.type, "reason": event.reason, "message": event.message[:1024],
-                "source": {"component": COMPONENT}, "reportingComponent": COMPONENT,
-                "firstTimestamp": now, "lastTimestamp": now, "count": 1,
-            }
-            try:
-                _discard(self.core.create_namespaced_event(namespace, body, _preload_content=False))
-            except ApiException as exc:  # an event is a courtesy
-                log.warning("could not post event %s/%s: %s", namespace, event.name, exc.reason)
+        post_events(self.core, namespace, meta, events)
+
+
+def post_events(core: Any, namespace: str, meta: dict[str, Any], events: list[Event]) -> None:
+    """Events about one ledger (``meta``): a courtesy, never a failure of the pass."""
+    for event in events:
+        now = now_rfc3339()
+        body = {
+            "apiVersion": "v1", "kind": "Event",
+            "metadata": {"generateName": f"{event.name[:200].rstrip('.-')}.", "namespace": namespace},
+            "involvedObject": {"apiVersion": f"{API_GROUP}/{API_VERSION}", "kind": event.kind,
+                               "name": event.name, "namespace": namespace, "uid": meta.get("uid", "")},
+            "type": event.type, "reason": event.reason, "message": event.message[:1024],
+            "source": {"component": COMPONENT}, "reportingComponent": COMPONENT,
+            "firstTimestamp": now, "lastTimestamp": now, "count": 1,
+        }
+        try:
+            _discard(core.create_namespaced_event(namespace, body, _preload_content=False))
+        except ApiException as exc:  # an event is a courtesy
+            log.warning("could not post event %s/%s: %s", namespace, event.name, exc.reason)
+
+
+class _Refused(Exception):
+    """The API server refused a page's status: only a change of what is written can fix it."""
+
+
+class _Gather(Exception):
+    """Gathering the namespace failed (not one ledger's fault): the pass is retried whole."""
+
+
+def _gathered(read: Callable[[str], Any], namespace: str) -> Any:
+    try:
+        return read(namespace)
+    except Exception as exc:
+        raise _Gather(f"{type(exc).__name__}: {exc}") from exc
+
+
+def storable_entry(entry: dict[str, Any]) -> dict[str, Any]:
+    """An entry as the API server stores it unchanged (api.crd.storable): an approval
+    decision given without a reason has ``reason: ""`` in the model, which the API server
+    refuses as ``null``; left out, it reads back the same."""
+    return storable_status(KIND, {"entries": [entry]})["entries"][0]  # type: ignore[no-any-return]
+
+
+def _patch_conditions(custom: Any, namespace: str, name: str, conditions: list[dict[str, Any]]) -> None:
+    try:
+        _discard(custom.patch_namespaced_custom_object_status(
+            API_GROUP, API_VERSION, namespace, LEDGERS, name, {"status": {"conditions": conditions}},
+            _preload_content=False))
+    except ApiException as exc:  # the Event and the log still say it
+        log.warning("namespace %s: ledger %s: its conditions could not be written either: %s %s",
+                    namespace, name, exc.status, exc.reason)
+
+
+def mark_failed(custom: Any, core: Any, namespace: str, obj: dict[str, Any], reason: str, why: str) -> None:
+    """Record on ledger ``obj`` (as read) that the operator's work on it failed: a merge
+    patch of its conditions only (what was refused is not in it), and a Warning Event;
+    both only when new (ledgerfailures.failed_ledger)."""
+    meta, spec, status = obj["metadata"], obj.get("spec") or {}, obj.get("status") or {}
+    rb, generation = status.get("rollback") or {}, int(meta.get("generation") or 1)
+    # RolledBack too when it is the rollback's own pass that failed
+    rolling_back = reason in PASS_FAILURES and bool((spec.get("rollback") or {}).get("requested")) \
+        and not (rb.get("generation") == generation and rb.get("finished"))
+    log.warning("namespace %s: ledger %s: %s: %s; the other ledgers go on", namespace, meta["name"], reason, why)
+    found = failed_ledger(meta["name"], generation, list(status.get("conditions") or []),
+                          rolling_back, reason, why, now_rfc3339())
+    if found.conditions is not None:
+        _patch_conditions(custom, namespace, meta["name"], found.conditions)
+    post_events(core, namespace, meta, found.events)
+
+
+def mark_written(custom: Any, namespace: str, obj: dict[str, Any], reason: str) -> None:
+    """Clear a failure with ``reason`` recorded on ledger ``obj`` once its write went through."""
+    conds = written_again(int(obj["metadata"].get("generation") or 1),
+                          list((obj.get("status") or {}).get("conditions") or []), reason, now_rfc3339())
+    if conds is not None:
+        _patch_conditions(custom, namespace, obj["metadata"]["name"], conds)
 
 
 def _apply(entries: list[dict[str, Any]], changes: dict[str, Any]) -> tuple[list[dict[str, Any]], bool]:
@@ -390,7 +493,7 @@ def _apply(entries: list[dict[str, Any]], changes: dict[str, Any]) -> tuple[list
             out.append(raw)
             continue
         try:
-            new = change(Entry.model_validate(raw)).to_json()
+            new = storable_entry(change(Entry.model_validate(raw)).to_json())
         except (Stale, ValidationError):
             out.append(raw)
             continue
@@ -411,6 +514,7 @@ class RollbackLoop:
     tasks: dict[str, asyncio.Task[None]] = field(default_factory=dict)
     known: set[str] = field(default_factory=set)  # namespaces that hold ledgers
     poll: float = 5.0  # look again at ledgers with running steps (a missed Job event)
+    failures: dict[tuple[str, str], int] = field(default_factory=dict)  # a ledger's failed passes in a row
 
     def seen(self, namespace: str) -> None:
         """A namespace with ledgers: the timer passes over it."""
@@ -442,18 +546,31 @@ class RollbackLoop:
             if names is None:
                 continue
             try:
-                again = await asyncio.to_thread(self.worker.reconcile, namespace, frozenset(names))
+                result = await asyncio.to_thread(self.worker.reconcile, namespace, frozenset(names))
                 backoff = 1.0
-            except Exception as exc:  # retried: temporary trouble must not stop the loop
-                log.warning("rollback pass of namespace %s failed, retrying in %.0fs: %s", namespace,
-                            backoff, exc)
+            except Exception as exc:  # gathering failed: retried, temporary trouble must not stop the loop
+                log.warning("rollback pass of namespace %s could not gather its ledgers, retrying in "
+                            "%.0fs: %s", namespace, backoff, exc)
                 self._merge(namespace, names)
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 60.0)
                 wake.set()
                 continue
-            if again:
-                asyncio.get_running_loop().call_later(self.poll, self._again, namespace, again)
+            self._schedule(namespace, names, result)
+
+    def _schedule(self, namespace: str, names: set[str], result: PassResult) -> None:
+        """Ledgers to look at again: soon (``again``), or with a backoff of their own (failed)."""
+        loop = asyncio.get_running_loop()
+        for name in (names or set()) - result.failed:
+            self.failures.pop((namespace, name), None)
+        if not names:  # a pass over every ledger: whoever did not fail is over it
+            for key in [k for k in self.failures if k[0] == namespace and k[1] not in result.failed]:
+                del self.failures[key]
+        for name in sorted(result.failed):
+            count = self.failures[(namespace, name)] = self.failures.get((namespace, name), 0) + 1
+            loop.call_later(retry_after(count, self.poll), self._again, namespace, {name})
+        if result.again:
+            loop.call_later(self.poll, self._again, namespace, result.again)
 
     def _merge(self, namespace: str, names: set[str]) -> None:
         if not names:

@@ -84,7 +84,7 @@ def plan(namespace: str, manifests: Sequence[ManifestObject], revisions: Sequenc
     enforced_lifecycles = bundle_lifecycles(current)
 
     for st in states:
-        model, issues = validate_manifest(st.obj.spec)
+        model, issues = _validated(st.obj)
         st.issues = issues
         if model is None or issues:
             continue
@@ -171,6 +171,16 @@ def plan(namespace: str, manifests: Sequence[ManifestObject], revisions: Sequenc
             out.statuses[st.obj.name] = {**dict.fromkeys(set(st.obj.status) - set(status)), **status}
             out.events.extend(events_of(st, status))
     return out
+
+
+def _validated(obj: ManifestObject) -> tuple[ToolManifest | None, list[Issue]]:
+    """The spec validated alone. A spec the validator cannot handle (a bug met by one
+    object's data) is that object's failure, reported on it: the namespace goes on."""
+    try:
+        return validate_manifest(obj.spec)
+    except Exception as exc:
+        return None, [Issue(None, "", f"the operator could not validate this spec ({type(exc).__name__}: "
+                            f"{exc}); the other manifests of the namespace were reconciled")]
 
 
 def _settle_set(states: list[State], by_owner: dict[str, dict[str, Revision]],

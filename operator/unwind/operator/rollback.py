@@ -26,6 +26,10 @@ The order (docs/rollback.md, "In the cluster"):
 5. A failed step stops the rollback: nothing new starts, the running steps are recorded,
    and the ledger is ``Degraded`` naming the failed steps. Asking again (a new request)
    plans again from the entries: undone ones are skipped, failed ones retried.
+6. When every step succeeded, the ledger reads ``RolledBack`` only if no effect of the run
+   is still live beyond what the plan reported as left behind; a rollback of some entries
+   (``--entry``, ``--since``) whose run has other live effects reads ``RolledBack=False``,
+   reason ``PartiallyRolledBack``. ``status.live`` (the LIVE column) counts the live entries.
 
 Outside a rollback, ``uncertain`` entries (the answer was lost) are looked up on a timer
 through their manifest's lookup, each attempt a Job, and become ``succeeded`` (found, with
@@ -44,7 +48,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from ..api.conditions import set_condition
+from ..api.conditions import get_condition, set_condition
 from ..api.resources import LedgerRollback, RollbackStatus
 from ..ledger.entry import ApprovalDecision, Entry, EntryError, Handle, parse_stamp, stamp
 from ..ledger.plan import UNDOING, PlanError, Selection, Step, Versions, make_plan, plan_entry
@@ -80,6 +84,26 @@ class Reason:
     STEP_FAILED = "StepFailed"
     CANCELLED = "Cancelled"
     NO_FAILURES = "NoFailures"
+    PARTIALLY_ROLLED_BACK = "PartiallyRolledBack"  # every step ran; other effects still live
+    # The operator could not do its part for this ledger (operator/ledgerfailures.py); the
+    # other ledgers of the namespace go on. Degraded=True, and RolledBack=False while a
+    # rollback is asked for.
+    STATUS_WRITE_FAILED = "StatusWriteFailed"  # the API server refused the ledger's status
+    RECONCILE_FAILED = "ReconcileFailed"  # deciding the ledger raised (an operator bug)
+    DECISIONS_WRITE_FAILED = "DecisionsWriteFailed"  # Approvals' decisions not written in
+
+
+# Reasons of a failure of the operator's pass, not of a step: a pass that writes clears them.
+PASS_FAILURES = frozenset({Reason.STATUS_WRITE_FAILED, Reason.RECONCILE_FAILED})
+# States of an entry whose effect may still stand, and effects with nothing to undo (the
+# planner's "skip"): `kubectl unwind plan` lists a step for each live entry.
+LIVE_STATES = frozenset({"succeeded", "uncertain", "pending", "undoing", "undo_failed"})
+NO_EFFECT = frozenset({"read_only", "idempotent"})
+
+
+def live_entries(entries: Sequence[Entry]) -> list[Entry]:
+    """The entries whose effects may still stand in the world (an unknown effect counts)."""
+    return [e for e in entries if e.state in LIVE_STATES and e.effect not in NO_EFFECT]
 
 
 Change = Callable[[Entry], Entry]
@@ -108,6 +132,7 @@ class LedgerView:
     conditions: list[dict[str, Any]]
     entries: list[Entry]
     requester: dict[str, Any] | None = None  # RollbackStatus.requestedBy, the stamp checked
+    live: int | None = None  # status.live as read
 
 
 @dataclass(frozen=True)
@@ -141,6 +166,7 @@ def decide(ledger: LedgerView, versions: Callable[[], Versions], jobs: Mapping[s
     p = _Pass(ledger, versions, jobs, decisions, ctx, refused or {})
     p.rollback()
     p.lookups()
+    p.recovered()
     return p.result()
 
 
@@ -540,6 +566,8 @@ class _Pass:
         elif any(s["state"] == "cancelled" for s in self.steps):
             self._event("Normal", Reason.CANCELLED, "the rollback was withdrawn: "
                         f"{sum(1 for s in self.steps if s['state'] == 'cancelled')} steps did not run")
+        elif self._live_outside():
+            self._event("Normal", Reason.PARTIALLY_ROLLED_BACK, self._partial_message())
         else:
             self._event("Normal", ROLLED_BACK, self._rolled_back_message())
 
@@ -552,6 +580,19 @@ class _Pass:
         ran = sum(1 for s in self.steps if s["state"] == "succeeded")
         left = [f"{s['entry']} ({s['action']})" for s in self.steps if s["state"] == "left"]
         return f"{ran} step{'' if ran == 1 else 's'} ran" + (f"; left behind: {', '.join(left[:10])}" if left else "")
+
+    def _live_outside(self) -> list[Entry]:
+        """Live entries this rollback has no step for: not selected (``--entry``,
+        ``--since``), or called after it was planned."""
+        stepped = {s["entry"] for s in self.steps}
+        return [e for e in live_entries(list(self.entries.values())) if e.id not in stepped]
+
+    def _partial_message(self) -> str:
+        outside = self._live_outside()
+        ids = ", ".join(e.id for e in outside[:10]) + (f" and {len(outside) - 10} more" if len(outside) > 10 else "")
+        return (f"{self._rolled_back_message()}; {len(outside)} other entr{'y' if len(outside) == 1 else 'ies'} "
+                f"of the run still {'has' if len(outside) == 1 else 'have'} live effects ({ids}): "
+                f"kubectl unwind rollback ledger/{self.ledger.name} --reason TEXT undoes them")
 
     # ---- conditions ---------------------------------------------------------------
     def _conditions(self) -> None:
@@ -582,6 +623,8 @@ class _Pass:
                 elif any(s["state"] == "cancelled" for s in self.steps):
                     put(ROLLED_BACK, "False", Reason.CANCELLED, "the request was withdrawn or replaced "
                         "before every step ran")
+                elif self._live_outside():
+                    put(ROLLED_BACK, "False", Reason.PARTIALLY_ROLLED_BACK, self._partial_message())
                 else:
                     put(ROLLED_BACK, "True", Reason.ROLLED_BACK, self._rolled_back_message())
             else:
@@ -598,8 +641,8 @@ class _Pass:
                         f"{done} of {len(self.steps)} steps done; running: {names}")
         if failed:
             put(DEGRADED, "True", Reason.STEP_FAILED, self._degraded_message(failed))
-        else:
-            put(DEGRADED, "False", Reason.NO_FAILURES, "no step failed")
+        elif (get_condition(conds, DEGRADED) or {}).get("reason") != Reason.DECISIONS_WRITE_FAILED:
+            put(DEGRADED, "False", Reason.NO_FAILURES, "no step failed")  # that one the reconcile clears
         if conds != self.ledger.conditions:
             self.out.status["conditions"] = clean(conds)
 
@@ -649,12 +692,38 @@ class _Pass:
             self._change(entry.id, _lookup_begin(name, step.undo_tool, self.now))
         return 1
 
+    # ---- a failed pass, over -------------------------------------------------------
+    def recovered(self) -> None:
+        """A Degraded (or RolledBack) that says an earlier pass could not decide or write this
+        ledger is cleared by this pass, which will be written; if it is not, the failure is
+        recorded again (jobs.py)."""
+        conds = list(self.out.status.get("conditions", self.ledger.conditions))
+        before = list(conds)
+        now, gen = self.now, self.ledger.generation
+        for c in before:
+            if c.get("reason") not in PASS_FAILURES:
+                continue
+            if c.get("type") == DEGRADED:
+                conds = set_condition(conds, DEGRADED, "False", Reason.NO_FAILURES,
+                                      "the operator decides and writes this ledger again", gen, now)
+            elif c.get("type") == ROLLED_BACK and self.request.requested:
+                conds = set_condition(conds, ROLLED_BACK, "False", Reason.IN_PROGRESS,
+                                      "the request waits to be planned", gen, now)
+            elif c.get("type") == ROLLED_BACK:
+                conds = set_condition(conds, ROLLED_BACK, "False", Reason.CANCELLED,
+                                      "the request was withdrawn before it was planned", gen, now)
+        if conds != before:
+            self.out.status["conditions"] = clean(conds)
+
     # ---- out ----------------------------------------------------------------------
     def result(self) -> Decision:
         if self.rb is not None:
             fresh = clean(self.rb)
             if fresh != self.original:
                 self.out.status["rollback"] = fresh
+        live = len(live_entries(list(self.entries.values())))
+        if live != self.ledger.live:
+            self.out.status["live"] = live
         return self.out
 
 
