@@ -1,4 +1,4 @@
-"""The Prometheus alerting rules (deploy/prometheus/unwind-alerts.yaml): valid for promtool,
+"""The Prometheus alerting rules (charts/unwind/files/unwind-alerts.yaml): valid for promtool,
 firing as their promtool unit tests say, reading only metrics the code exports, and each
 pointing at a section of the runbook that exists."""
 
@@ -19,8 +19,8 @@ import unwind.operator.metrics  # noqa: F401  (registers the operator's metrics 
 from unwind.gateway.metrics import Metrics
 
 ROOT = Path(__file__).resolve().parents[1]
-RULES = ROOT / "deploy" / "prometheus" / "unwind-alerts.yaml"
-RULE_TESTS = ROOT / "deploy" / "prometheus" / "unwind-alerts.test.yaml"
+RULES = ROOT / "charts" / "unwind" / "files" / "unwind-alerts.yaml"
+RULE_TESTS = ROOT / "tests" / "alerts" / "unwind-alerts.test.yaml"
 RUNBOOK = ROOT / "docs" / "runbook.md"
 PROMETHEUS_OWN = {"up"}  # written by Prometheus for every scrape target, not by the code
 
@@ -88,7 +88,7 @@ def test_promtool_accepts_the_alerting_rules() -> None:
 
 
 def test_each_alert_fires_on_its_cause_and_not_on_its_neighbours() -> None:
-    """promtool's unit tests of the rules (deploy/prometheus/unwind-alerts.test.yaml)."""
+    """promtool's unit tests of the rules (tests/alerts/unwind-alerts.test.yaml)."""
     proc = subprocess.run([promtool(), "test", "rules", RULE_TESTS.name], cwd=RULE_TESTS.parent,
                           capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr

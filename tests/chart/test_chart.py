@@ -623,3 +623,33 @@ def test_the_notes_say_how_to_check_the_operator_and_where_trust_lives(chart: An
 def test_the_operator_runs_with_two_malloc_arenas_as_benchmarked(chart: Any) -> None:
     env = {e["name"]: e.get("value") for e in operator_container(render(chart))["env"]}
     assert env["MALLOC_ARENA_MAX"] == "2"
+
+
+# --- the alerting rules as a PrometheusRule (issue 18 #9) -------------------------------------
+
+
+def test_no_prometheus_rule_is_rendered_unless_asked_for(chart: Any) -> None:
+    assert [o for o in render(chart) if o["kind"] == "PrometheusRule"] == []
+
+
+def test_the_prometheus_rule_carries_the_checked_rules_for_this_releases_metrics_job(chart: Any) -> None:
+    """The rules promtool checks (files/unwind-alerts.yaml), whole; the rules that read `up`
+    name the metrics Service of this release, and the labels a Prometheus selects by are set."""
+    values = {"metrics": {"prometheusRule": {"enabled": True, "labels": {"release": "kps"}}}}
+    manifests = chart.render(values, name="r", namespace=NAMESPACE, is_install=True)
+    (rule,) = [doc for doc in yaml.safe_load_all(manifests["unwind/templates/prometheusrule.yaml"]) if doc]
+    assert (rule["apiVersion"], rule["kind"]) == ("monitoring.coreos.com/v1", "PrometheusRule")
+    assert rule["metadata"]["name"] == "r-unwind" and rule["metadata"]["namespace"] == NAMESPACE
+    assert rule["metadata"]["labels"]["release"] == "kps"
+    source = (CHART_DIR / "files" / "unwind-alerts.yaml").read_text()
+    expected = yaml.safe_load(source.replace('job="unwind-metrics"', 'job="r-unwind-metrics"'))
+    assert rule["spec"] == {"groups": expected["groups"]}
+    assert 'job="unwind-metrics"' in source  # else the replacement above proves nothing
+    service = yaml.safe_load(manifests["unwind/templates/service-metrics.yaml"])
+    assert service["metadata"]["name"] == "r-unwind-metrics"
+
+
+def test_a_prometheus_rule_label_that_is_not_a_string_is_refused_by_the_schema(chart: Any) -> None:
+    with pytest.raises(helm.HelmValuesError):
+        chart.render({"metrics": {"prometheusRule": {"enabled": True, "labels": {"release": 1}}}},
+                     name=RELEASE, namespace=NAMESPACE, is_install=True)

@@ -42,7 +42,7 @@ TOOL_PACKAGES = {"go": "golang-go", "etcd": "etcd-server", "kubectl": "kubernete
                  **NODE_PACKAGES,  # the node: container runtime and pod network
                  "buildah": "buildah", "debootstrap": "debootstrap",  # building the images
                  "skopeo": "skopeo",  # exporting them as docker-archives (image.py)
-                 "promtool": "prometheus"}  # checking deploy/prometheus/unwind-alerts.yaml
+                 "promtool": "prometheus"}  # checking charts/unwind/files/unwind-alerts.yaml
 BUILD_PACKAGES = ("rsync", "jq", "make")
 FILE_PACKAGES = NODE_PACKAGE_FILES
 
