@@ -48,7 +48,7 @@ def gzip_bomb() -> bytes:
 
 class Hostile:
     """An upstream in a thread: records (method, raw path) of each request; ``/bomb``
-    answers a gzip bomb as JSON, anything else ``{"ok": true}``."""
+    answers a gzip bomb as JSON, ``/big`` 5 MiB of JSON, anything else ``{"ok": true}``."""
 
     def __init__(self) -> None:
         self.seen: list[tuple[str, str]] = []
@@ -65,6 +65,9 @@ class Hostile:
 
     async def _answer(self, request: web.Request) -> web.Response:
         self.seen.append((request.method, request.raw_path))
+        if request.path.startswith("/big"):  # 5 MiB of JSON, uncompressed
+            return web.Response(body=b" " * (5 * 1024 * 1024) + b"{}",
+                                content_type="application/json")
         if request.path.startswith("/bomb"):
             return web.Response(body=self.bomb, headers={"Content-Encoding": "gzip",
                                                          "Content-Type": "application/json"})
@@ -328,6 +331,22 @@ async def test_the_undo_client_reads_a_gzip_bomb_no_further_than_its_cap(hostile
     assert answer.kind == "too_large" and answer.may_have_acted and answer.data is None
     assert "more than 65536 bytes" in answer.text
     assert result["ok"] is False and result["outcome"] == "undo_failed"
+
+
+@pytest.mark.parametrize("path", ["/big", "/bomb"])
+async def test_an_mcp_upstream_answering_too_much_or_compressed_is_not_read(
+        hostile: Hostile, path: str) -> None:
+    m = ToolManifest.model_validate(
+        {"tool": "attack.mcp", "effect": "idempotent", "permission": "p",
+         "upstream": {"mcp": {"url": hostile.url + path, "tool": "x"}, "timeout_ms": 5000}})
+    upstream = Upstream()
+    try:
+        answer = await upstream.send(prepare(m, {}, LocalSecrets(), {}))
+    finally:
+        await upstream.aclose()
+    assert answer.kind == "too_large" and answer.may_have_acted, answer.text
+    assert ("more than 4194304 bytes" if path == "/big" else "Content-Encoding 'gzip'") \
+        in answer.text
 
 
 def test_max_response_bytes_is_bounded_in_the_manifest() -> None:

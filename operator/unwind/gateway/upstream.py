@@ -26,6 +26,7 @@ import asyncio
 import json
 import math
 import re
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 from urllib.parse import quote
@@ -234,14 +235,21 @@ class Upstream:
         from mcp import Client
         from mcp.client.streamable_http import streamable_http_client
 
+        capped = _CappedTransport(p.max_response_bytes)
+        headers = {**p.headers, "Accept-Encoding": "identity"}
         try:
-            async with httpx2.AsyncClient(headers=p.headers, timeout=p.timeout_s) as http, \
+            async with httpx2.AsyncClient(headers=headers, timeout=p.timeout_s,
+                                          transport=capped) as http, \
                     Client(streamable_http_client(p.url, http_client=http)) as client:
                 with anyio_fail_after(p.timeout_s):
                     result = await client.call_tool(p.mcp_tool or "", p.arguments)
         except TimeoutError:
+            if capped.problem:
+                return Answer("too_large", text=f"{p.where} {capped.problem}")
             return Answer("timeout", text=f"{p.where}: no answer within {p.timeout_s:g}s")
         except Exception as exc:  # the SDK raises many kinds; all mean the answer is missing
+            if capped.problem:
+                return Answer("too_large", text=f"{p.where} {capped.problem}")
             return Answer("lost", text=f"{p.where}: the MCP call failed: {_short(exc, p)}")
         data = result.structured_content
         text = "".join(getattr(c, "text", "") for c in result.content)
@@ -267,6 +275,54 @@ class Upstream:
 
 
 _NOT_JSON = object()
+
+
+class _AnswerRefused(httpx2.StreamError):
+    """An MCP answer past the cap, or compressed though identity was asked for (the SDK
+    turns a StreamError into a failed call)."""
+
+
+class _CappedTransport(httpx2.AsyncBaseTransport):
+    """The MCP client's transport: an answer is read up to ``cap`` bytes, and only
+    uncompressed (the request asks for identity), so the bytes counted are the bytes kept."""
+
+    def __init__(self, cap: int) -> None:
+        self.inner = httpx2.AsyncHTTPTransport()
+        self.cap = cap
+        self.problem = ""
+
+    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
+        response = await self.inner.handle_async_request(request)
+        encoding = response.headers.get("content-encoding", "identity").strip().lower()
+        if encoding not in ("", "identity"):
+            await response.aclose()
+            self.problem = (f"answered with Content-Encoding {encoding!r} though the gateway "
+                            "asks MCP upstreams for identity; the answer was not read")
+            raise _AnswerRefused(self.problem)
+        response.stream = _CappedStream(response.stream, self)
+        return response
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+class _CappedStream(httpx2.AsyncByteStream):
+    def __init__(self, stream: Any, owner: _CappedTransport) -> None:
+        self.stream, self.owner = stream, owner
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        size = 0
+        async for chunk in self.stream:
+            size += len(chunk)
+            if size > self.owner.cap:
+                self.owner.problem = (f"answered with more than {self.owner.cap} bytes, so the "
+                                      "answer was not read; if it is meant to be this large, "
+                                      "raise upstream.max_response_bytes")
+                raise _AnswerRefused(self.owner.problem)
+            yield chunk
+
+    async def aclose(self) -> None:
+        await self.stream.aclose()
 
 
 def anyio_fail_after(seconds: float) -> Any:
