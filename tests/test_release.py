@@ -201,3 +201,25 @@ def test_the_ci_job_in_the_docs_runs_as_written_after_installing_unwind(tmp_path
         assert proc.returncode == 0, (run, proc.stdout + proc.stderr)
     assert json.loads((tmp_path / "lint.sarif").read_text())["version"] == "2.1.0"
     assert "<testsuite" in (tmp_path / "contract-tests.xml").read_text()
+
+
+def heading_anchors(path: Path) -> set[str]:
+    """GitHub's anchors of a Markdown file's headings (code blocks left out)."""
+    text = re.sub(r"^```.*?^```", "", path.read_text(), flags=re.M | re.S)
+    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-")
+            for h in re.findall(r"^#+ (.+)$", text, re.M)}
+
+
+@pytest.mark.parametrize("rel", ["docs/install.md", "docs/agents.md", "docs/runbook.md",
+                                 "CHANGELOG.md"])
+def test_every_link_of_the_operating_pages_leads_to_a_file_and_heading_that_exist(rel: str) -> None:
+    page = ROOT / rel
+    broken = []
+    for target in re.findall(r"\]\(([^)\s]+)\)", page.read_text()):
+        if re.match(r"[a-z]+://", target):
+            continue
+        file, _, anchor = target.partition("#")
+        linked = (page.parent / file).resolve() if file else page
+        if not linked.exists() or (anchor and anchor not in heading_anchors(linked)):
+            broken.append(target)
+    assert broken == []
