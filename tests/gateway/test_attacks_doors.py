@@ -48,7 +48,8 @@ def gzip_bomb() -> bytes:
 
 class Hostile:
     """An upstream in a thread: records (method, raw path) of each request; ``/bomb``
-    answers a gzip bomb as JSON, ``/big`` 5 MiB of JSON, anything else ``{"ok": true}``."""
+    answers a gzip bomb as JSON, ``/big`` 5 MiB of JSON, ``/loop`` redirects to itself,
+    anything else ``{"ok": true}``."""
 
     def __init__(self) -> None:
         self.seen: list[tuple[str, str]] = []
@@ -65,6 +66,8 @@ class Hostile:
 
     async def _answer(self, request: web.Request) -> web.Response:
         self.seen.append((request.method, request.raw_path))
+        if request.path.startswith("/loop"):  # redirects to itself until the client gives up
+            raise web.HTTPFound(location=request.path_qs)
         if request.path.startswith("/big"):  # 5 MiB of JSON, uncompressed
             return web.Response(body=b" " * (5 * 1024 * 1024) + b"{}",
                                 content_type="application/json")
@@ -119,6 +122,8 @@ def tools(up: str, down: str) -> list[dict[str, Any]]:
         tool("attack.create_bomb", "idempotent", up + "/bomb"),
         tool("attack.read_bomb", "read_only", up + "/bomb", "GET"),
         tool("attack.token_down", "idempotent", down + "/tokens/{{args.token}}",
+             audit={"redaction": ["$args.token"]}),
+        tool("attack.token_loop", "read_only", up + "/loop/{{args.token}}", "GET",
              audit={"redaction": ["$args.token"]}),
     ]
 
@@ -359,12 +364,14 @@ def test_max_response_bytes_is_bounded_in_the_manifest() -> None:
 
 # ---- #7: filled URLs in messages and logs ----
 
-def test_a_redacted_argument_in_the_url_appears_nowhere_when_the_upstream_is_down(
-        doors: GatewayProc, run_name: str) -> None:
-    r = doors.call("attack.token_down", {"token": SECRET}, run=run_name, key="down-1")
+@pytest.mark.parametrize(("tool", "method"), [("attack.token_down", "POST"),
+                                             ("attack.token_loop", "GET")])
+def test_a_redacted_argument_in_the_url_appears_nowhere_when_the_upstream_is_down_or_loops(
+        doors: GatewayProc, run_name: str, tool: str, method: str) -> None:
+    r = doors.call(tool, {"token": SECRET}, run=run_name, key="down-1")
     assert r.status_code == 502 and error(r)["code"] == "upstream_error"
-    assert "attack.token_down (POST http://127.0.0.1:" in error(r)["message"]
-    assert "/tokens/{{args.token}}" in error(r)["message"]
+    assert f"{tool} ({method} http://127.0.0.1:" in error(r)["message"]
+    assert "/{{args.token}}" in error(r)["message"]
     encoded = quote(SECRET, safe="")
     seen = {"answer": r.text, "report": r.headers.get("X-Unwind-Effect", ""),
             "ledger": json.dumps(doors.entries(run_name)), "log": doors.log.read_text()}

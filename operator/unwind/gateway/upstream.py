@@ -47,6 +47,7 @@ _READ_CHUNK = 64 * 1024
 _PLACEHOLDER = re.compile(r"\{\{\s*args\.([A-Za-z0-9_-]+)\s*\}\}")
 _MARK = "unwindarg{}x"  # stands in for a placeholder while the template is encoded
 _MARKS = re.compile(r"unwindarg(\d+)x")
+_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>]+")
 _NOT_A_SEGMENT = {"": "empty", ".": "'.'", "..": "'..'"}
 Kind = Literal["ok", "error_status", "not_sent", "timeout", "lost", "not_json", "too_large"]
 
@@ -71,7 +72,7 @@ class Prepared:
         """The call as messages name it: the tool and its method and URL template."""
         if self.mcp_tool is not None:
             return f"{self.manifest.tool} (MCP tool {self.mcp_tool} at {self.template})"
-        return f"{self.manifest.tool} ({self.method} {self.template or self.url})"
+        return f"{self.manifest.tool} ({self.method} {self.template or '(its URL template)'})"
 
 
 @dataclass
@@ -356,10 +357,7 @@ async def _read_capped(response: aiohttp.ClientResponse, cap: int) -> bytes | No
 
 
 def _short(exc: BaseException, p: Prepared) -> str:
-    """An exception's first line, with the filled URL (should a client name it) replaced by
-    the template."""
+    """An exception's first line, with any URL in it (a client may name the filled one,
+    query included) replaced by the template."""
     text = (str(exc) or type(exc).__name__).splitlines()[0]
-    for filled in {p.url, yarl.URL(p.url, encoded=True).raw_path_qs}:
-        if filled and filled != "/":
-            text = text.replace(filled, p.template or "(the URL)")
-    return text[:300]
+    return _URL.sub(lambda _: p.template or "(the URL)", text)[:300]
