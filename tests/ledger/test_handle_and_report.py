@@ -4,9 +4,21 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from unwind.api.resources import LedgerSpec, LedgerStatus
 from unwind.ledger.entry import REDACTED, Entry, Times
-from unwind.ledger.handle import build_handle, mask_text, mask_value, secret_texts
+from unwind.ledger.handle import (
+    KEPT_MAX_BYTES,
+    KEPT_MAX_DEPTH,
+    HandleError,
+    build_handle,
+    mask_answer,
+    mask_text,
+    mask_value,
+    secret_texts,
+    staged_handle,
+)
 from unwind.ledger.report import effect_report
 from unwind.ledger.ulid import new_ulid
 from unwind.manifest.model import ToolManifest
@@ -87,3 +99,62 @@ def test_a_ledger_page_holds_entries_in_its_status() -> None:
     status = LedgerStatus(entries=[entry], entryCount=1, lastState="pending")
     assert LedgerSpec(run="run-1").page == 1
     assert status.model_dump(mode="json", exclude_none=True)["entries"][0]["state"] == "pending"
+
+
+RELEASE = ToolManifest.model_validate({
+    "tool": "gh.release", "effect": "irreversible", "permission": "repo:release",
+    "audit": {"redaction": ["$args.token", "$result.release.signing_key"]},
+    "draft": {"tool": "gh.release", "arguments": {"tag": "$args.tag"},
+              "handle": {"id": "$result.release.id", "key": "$result.release.signing_key",
+                         "release": "$result.release", "token": "$args.token"},
+              "promote": "gh.publish", "discard": "gh.delete"},
+})
+
+
+def test_a_staged_handle_masks_redacted_result_and_argument_paths_it_reads_or_holds() -> None:
+    args = {"tag": "v1", "token": "ghp-1"}
+    result = {"release": {"id": 7, "signing_key": "sk-9"}}
+    secrets = secret_texts(RELEASE, args, result)
+    staged = staged_handle(RELEASE, args, result, secrets)
+    assert staged == {"id": 7, "key": REDACTED, "token": REDACTED,
+                      "release": {"id": 7, "signing_key": REDACTED}}
+    assert result == {"release": {"id": 7, "signing_key": "sk-9"}}  # the answer is untouched
+
+
+def test_a_redacted_result_path_kept_in_the_handle_is_masked() -> None:
+    m = CHARGE.model_copy(update={"audit": CHARGE.audit.model_copy(  # type: ignore[union-attr]
+        update={"redaction": ["$result.id"]})})
+    handle = build_handle(m, ARGS, RESULT)
+    assert handle.result == {"id": REDACTED}
+    assert "ch_1" not in str(handle.model_dump())
+
+
+def test_secret_texts_cover_redacted_result_values() -> None:
+    m = CHARGE.model_copy(update={"audit": CHARGE.audit.model_copy(  # type: ignore[union-attr]
+        update={"redaction": ["$result.card.token", "$args.amount"]})})
+    assert secret_texts(m, ARGS, RESULT) == ["tok_secret", "2500"]
+
+
+def test_a_kept_value_too_deep_or_not_json_raises_when_strict_and_is_left_out_otherwise() -> None:
+    deep: Any = 1
+    for _ in range(KEPT_MAX_DEPTH + 1):
+        deep = {"a": deep}
+    for bad in (deep, float("nan")):
+        with pytest.raises(HandleError) as caught:
+            build_handle(CHARGE, ARGS, {**RESULT, "id": bad}, strict=True)
+        assert "compensation.argument_map.charge_id keeps $result.id" in caught.value.reason
+        assert build_handle(CHARGE, ARGS, {**RESULT, "id": bad}).result == {}
+
+
+def test_kept_values_larger_than_the_bound_raise_when_strict() -> None:
+    big = "x" * (KEPT_MAX_BYTES + 1)
+    with pytest.raises(HandleError, match="KiB per call"):
+        build_handle(CHARGE, ARGS, {**RESULT, "id": big}, strict=True)
+
+
+def test_an_error_body_is_masked_at_redacted_result_paths_without_changing_it() -> None:
+    m = CHARGE.model_copy(update={"audit": CHARGE.audit.model_copy(  # type: ignore[union-attr]
+        update={"redaction": ["$result.card.token"]})})
+    body = {"error": "declined", "card": {"token": "tok_other"}}
+    assert mask_answer(m, body, []) == {"error": "declined", "card": {"token": REDACTED}}
+    assert body["card"] == {"token": "tok_other"}

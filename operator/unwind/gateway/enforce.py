@@ -31,13 +31,21 @@ from ..ledger.entry import (
     Attempt,
     Entry,
     EntryError,
+    Handle,
     Staged,
     Times,
     now,
     parse_stamp,
     stamp,
 )
-from ..ledger.handle import build_handle, mask_text, mask_value, secret_texts
+from ..ledger.handle import (
+    HandleError,
+    build_handle,
+    mask_answer,
+    mask_text,
+    secret_texts,
+    staged_handle,
+)
 from ..ledger.report import Outcome, effect_report
 from ..ledger.store import (
     EntryExists,
@@ -518,7 +526,18 @@ class Gateway:
                           "call: a call runs once", {"entry": entry.id}) from None
 
     async def _write_ahead(self, c: _Call) -> Entry:
-        entry = self._entry(c, "pending")
+        """Store the ``pending`` entry with the arguments' half of its handle, built (and
+        bounded) first: arguments the ledger cannot keep refuse the call before anything is
+        stored or sent, and an entry whose answer is lost still holds what its lookup
+        reads from the arguments."""
+        assert c.m is not None
+        try:
+            kept = build_handle(c.m, c.req.arguments, {}, staged=c.req.stage, strict=True)
+        except HandleError as exc:
+            raise Refusal("validation_error", f"the ledger cannot keep this call's arguments, "
+                          f"so nothing is called: {exc.reason}: send smaller, flatter "
+                          "arguments") from None
+        entry = self._entry(c, "pending", handle=kept)
         return await self._store_new(c, entry)
 
     async def _await_approval(self, c: _Call, rules: ApprovalRules) -> CallResult:
@@ -557,38 +576,79 @@ class Gateway:
         answer = await self.upstream.send(p)
         finished = stamp(self.clock())
         state, refusal = self._outcome(c, p, answer)
+        kept = entry.handle or Handle()  # the arguments' half, stored by the write-ahead
         staged = None
+        handle = kept
         if state == "succeeded":
-            handle = build_handle(m, c.req.arguments, answer.data, staged=c.req.stage)
-            if c.req.stage and m.draft is not None:
-                kept, _ = resolve_map(m.draft.handle, c.req.arguments, answer.data)
-                staged = Staged(draft_tool=m.draft.tool, handle=mask_value(kept, c.secrets),
-                                promote=m.draft.promote, discard=m.draft.discard)
-        else:
-            handle = build_handle(m, c.req.arguments, {})
-        outcome: Outcome = state  # type: ignore[assignment]
-        report = effect_report(m, outcome=outcome, handle=handle, key_sent=c.key_sent,
-                               key=c.key, ledger=c.req.run, entry=entry.id, staged=staged,
-                               warnings=c.warnings, finished=finished)
-        error = EntryError(code=refusal.code, message=refusal.message) if refusal else None
+            try:
+                c.secrets = secret_texts(m, c.req.arguments, answer.data)  # $result too
+                handle = build_handle(m, c.req.arguments, answer.data, staged=c.req.stage,
+                                      strict=True)
+                if c.req.stage and m.draft is not None:
+                    staged = Staged(draft_tool=m.draft.tool, promote=m.draft.promote,
+                                    handle=staged_handle(m, c.req.arguments, answer.data,
+                                                         c.secrets),
+                                    discard=m.draft.discard)
+            except (HandleError, RecursionError) as exc:
+                why = exc.reason if isinstance(exc, HandleError) else "nested too deep to copy"
+                state, refusal = self._unrecordable(c, entry, why)
+                handle, staged = kept, None
 
-        def finish(current: Entry) -> Entry:
-            times = current.times.model_copy(update={"started": started, "finished": finished})
-            return current.model_copy(update={"state": state, "handle": handle, "report": report,
-                                              "error": error, "staged": staged, "times": times})
+        def recorded(state: str, refusal: Refusal | None, handle: Handle,
+                     staged: Staged | None) -> tuple[dict[str, Any], Callable[[Entry], Entry]]:
+            outcome: Outcome = state  # type: ignore[assignment]
+            report = effect_report(m, outcome=outcome, handle=handle, key_sent=c.key_sent,
+                                   key=c.key, ledger=c.req.run, entry=entry.id, staged=staged,
+                                   warnings=c.warnings, finished=finished)
+            error = EntryError(code=refusal.code, message=refusal.message) if refusal else None
+
+            def finish(current: Entry) -> Entry:
+                times = current.times.model_copy(update={"started": started,
+                                                         "finished": finished})
+                return current.model_copy(update={"state": state, "handle": handle,
+                                                  "report": report, "error": error,
+                                                  "staged": staged, "times": times})
+            return report, finish
+
+        report, finish = recorded(state, refusal, handle, staged)
         try:
             await self.ledger(self.store.update(c.req.run, entry.id, finish))
-        except Refusal as exc:
-            log.error("entry %s of run %s stays pending: its outcome (%s) could not be "
-                      "recorded: %s", entry.id, c.req.run, state, exc.message)
-            report["warnings"].append("the ledger could not record the outcome: the entry "
-                                      "stays pending (its key stays taken)")
-            state = "pending"
+        except Exception as exc:  # the effect may have happened: never a 500
+            problem = exc.message if isinstance(exc, Refusal) else f"{type(exc).__name__}: {exc}"
+            log.error("entry %s of run %s: its outcome (%s) could not be recorded: %s",
+                      entry.id, c.req.run, state, problem)
+            if refusal is None:  # succeeded: record uncertain, with only what was kept before
+                state, refusal = self._unrecordable(c, entry, "the ledger could not store "
+                                                    f"it ({mask_text(problem, c.secrets)})")
+                report, finish = recorded(state, refusal, kept, None)
+                try:
+                    await self.ledger(self.store.update(c.req.run, entry.id, finish))
+                except Exception as again:
+                    log.error("entry %s of run %s stays pending: %s", entry.id, c.req.run, again)
+                    state = "pending"
+            else:
+                state = "pending"
+            if state == "pending":
+                report["warnings"].append("the ledger could not record the outcome: the entry "
+                                          "stays pending (its key stays taken)")
         if state == "failed":
             await self._release(c, holder)
         if refusal is not None:
             return CallResult(refusal.status, refusal.envelope(), report, entry.id)
         return CallResult(200, answer.data, report, entry.id)
+
+    def _unrecordable(self, c: _Call, entry: Entry, why: str) -> tuple[str, Refusal]:
+        """The upstream answered, but the outcome cannot be kept: the entry is recorded
+        ``uncertain`` (``failed`` for a read_only tool, which cannot have acted) and the
+        caller gets 502, never a 200 whose effect the ledger cannot undo."""
+        m = c.m
+        assert m is not None
+        state = "failed" if m.effect == Effect.read_only else "uncertain"
+        find = (", find it with the lookup" if m.lookup else "") if state == "uncertain" else ""
+        return state, Refusal("upstream_error", f"the upstream of {m.tool} answered, but the "
+                              f"outcome cannot be recorded in the ledger: {why}; the entry is "
+                              f"{state} (the effect may have happened{find}): do not repeat "
+                              "the call blindly", {"entry": entry.id})
 
     def _outcome(self, c: _Call, p: Prepared, a: Answer) -> tuple[str, Refusal | None]:
         m = c.m
@@ -603,7 +663,7 @@ class Gateway:
             return state, Refusal("upstream_timeout", f"{text}{tried}: the call's outcome is "
                                   "unknown" + (", find it with the lookup" if m.lookup else ""))
         if a.kind == "error_status":
-            detail = mask_value(a.data, c.secrets) if a.data is not None else text
+            detail = mask_answer(m, a.data, c.secrets) if a.data is not None else text
             return state, Refusal("upstream_error", f"{p.method} {m.tool}: the upstream answered "
                                   f"{a.status}{tried}", {"upstream_status": a.status,
                                                          "upstream": detail})

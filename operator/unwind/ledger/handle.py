@@ -7,24 +7,86 @@ resolving those references against the handle gives exactly what resolving them 
 the whole call gives, and the undo is built from the ledger alone.
 
 ``audit.redaction`` values are replaced by ``[redacted]`` wherever the handle holds them,
-and their text is masked in every message (an upstream's error text included). An undo
-that needs a redacted value is unavailable, and says which reference reads it: a masked
-value would build the wrong call.
+``$args`` and ``$result`` paths alike, and their text is masked in every message (an
+upstream's error text included). A staged call's draft handle is masked the same way, by
+path (a ``draft.handle`` value that reads, or holds, a redacted path), then by text. An
+undo that needs a redacted value is unavailable, and says which reference reads it: a
+masked value would build the wrong call.
+
+A handle is bounded, so that it can always be stored: each kept value nests at most
+``KEPT_MAX_DEPTH`` levels of objects and arrays and is JSON (no NaN or infinity), and the
+kept values of one call take at most ``KEPT_MAX_BYTES`` as compact JSON. A value past a
+bound raises ``HandleError`` naming the reference: the gateway refuses the call when the
+arguments' half cannot be kept (before anything is sent), and records the entry
+``uncertain`` when the answer's half cannot.
 """
 
 from __future__ import annotations
 
 import copy
+import json
 from collections.abc import Iterable, Iterator
 from typing import Any
 
 from ..manifest.keys import plain_text
 from ..manifest.model import ToolManifest
-from ..manifest.refs import Missing, resolve
+from ..manifest.refs import Missing, Ref, RefSyntaxError, parse_ref, resolve
 from ..manifest.undo_refs import kept_references, redacted_needs, redaction_references
 
 __all__ = ["kept_references", "redacted_needs", "redaction_references"]
 from .entry import REDACTED, Handle
+
+# A kept value nests at most this many levels of objects and arrays (the value itself is
+# level 1): the gateway's doors bound arguments to 64 levels with the arguments object as
+# level 1, so every argument that passed them can be kept.
+KEPT_MAX_DEPTH = 64
+# The kept values of one call (the handle, or a draft's handle), as compact JSON.
+KEPT_MAX_BYTES = 64 * 1024
+
+
+class HandleError(ValueError):
+    """A kept value cannot be stored in the ledger; ``reason`` says which and why."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+def _depth_problem(value: Any) -> str | None:
+    """Why ``value`` nests too deep, or None (iterative: it cannot run out of stack)."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            children: Iterable[Any] = item.values()
+        elif isinstance(item, list | tuple):
+            children = item
+        else:
+            continue
+        if depth > KEPT_MAX_DEPTH:
+            return f"nested deeper than {KEPT_MAX_DEPTH} levels of objects and arrays"
+        stack.extend((child, depth + 1) for child in children)
+    return None
+
+
+def _checked(where: str, ref_text: str, value: Any) -> Any:
+    """``value`` when the ledger can keep it, else HandleError naming the reference."""
+    problem = _depth_problem(value)
+    if problem is None:
+        try:
+            json.dumps(value, allow_nan=False)
+        except (TypeError, ValueError) as exc:
+            problem = f"not JSON the ledger can store ({exc})"
+    if problem is not None:
+        raise HandleError(f"{where} keeps {ref_text}, which is {problem}")
+    return value
+
+
+def _size_checked(what: str, tree: Any) -> None:
+    size = len(json.dumps(tree, ensure_ascii=False, separators=(",", ":")).encode())
+    if size > KEPT_MAX_BYTES:
+        raise HandleError(f"the values {what} keeps are {size} bytes as JSON, more than the "
+                          f"ledger's bound of {KEPT_MAX_BYTES // 1024} KiB per call")
 
 
 def _put(tree: Any, path: tuple[str | int, ...], value: Any) -> Any:
@@ -54,17 +116,94 @@ def _mask(tree: Any, path: tuple[str | int, ...]) -> Any:
     return tree
 
 
-def build_handle(m: ToolManifest, args: Any, result: Any, *, staged: bool = False) -> Handle:
-    """The handle of a finished call: the kept values at their paths, redaction applied."""
+def _masked_copy(value: Any, path: tuple[str | int, ...]) -> Any:
+    """``value`` with the part at ``path`` (when present) replaced by the redaction marker,
+    copying only along the path: the caller's value is never changed."""
+    if not path:
+        return REDACTED
+    head, rest = path[0], path[1:]
+    if isinstance(head, int) and isinstance(value, list) and head < len(value):
+        items = list(value)
+        items[head] = _masked_copy(items[head], rest)
+        return items
+    if isinstance(value, dict) and str(head) in value:
+        node = dict(value)
+        node[str(head)] = _masked_copy(node[str(head)], rest)
+        return node
+    return value
+
+
+def mask_paths(value: Any, at: Ref, redacted: Iterable[Ref]) -> Any:
+    """The value read at reference ``at``, masked where a redaction path covers it: whole
+    when ``at`` lies inside a redacted path, in part when a redacted path lies inside it."""
+    for r in redacted:
+        if r.root != at.root:
+            continue
+        if at.path[:len(r.path)] == r.path:
+            return REDACTED
+        if r.path[:len(at.path)] == at.path:
+            value = _masked_copy(value, r.path[len(at.path):])
+    return value
+
+
+def build_handle(m: ToolManifest, args: Any, result: Any, *, staged: bool = False,
+                 strict: bool = False) -> Handle:
+    """The handle of a finished call: the kept values at their paths, redaction applied.
+    A value the ledger cannot store (see the module docstring) raises HandleError when
+    ``strict`` (the gateway recording a call), else it is left out, as if absent (a
+    report of a refused call or a dry run)."""
     trees: dict[str, Any] = {"args": {}, "result": {}}
-    for _, ref in kept_references(m, staged=staged):
+    redacted = redaction_references(m)
+    for where, ref in kept_references(m, staged=staged):
         value = resolve(ref, args, result)
-        if not isinstance(value, Missing):
-            trees[ref.root] = _put(trees[ref.root], ref.path, value)
-    for ref in redaction_references(m):
+        if isinstance(value, Missing):
+            continue
+        try:
+            value = _checked(where, ref.text(), mask_paths(value, ref, redacted))
+        except HandleError:
+            if strict:
+                raise
+            continue
+        trees[ref.root] = _put(trees[ref.root], ref.path, value)
+    for ref in redacted:
         if ref.root in trees:
             trees[ref.root] = _mask(trees[ref.root], ref.path)
+    if strict:
+        _size_checked("the handle", trees)
     return Handle(args=trees["args"], result=trees["result"])
+
+
+def staged_handle(m: ToolManifest, args: Any, result: Any,
+                  secrets: list[str]) -> dict[str, Any]:
+    """A staged call's ``draft.handle``, resolved over the call and the draft's answer,
+    masked by path like the handle (``$args`` and ``$result`` redaction paths alike), then
+    by text. Raises HandleError when a value cannot be stored."""
+    if m.draft is None:
+        return {}
+    redacted = redaction_references(m)
+    out: dict[str, Any] = {}
+    for name, raw in m.draft.handle.items():
+        try:
+            ref = parse_ref(raw)
+        except RefSyntaxError:
+            continue  # the validator refuses such a manifest before it is served
+        value = resolve(ref, args, result)
+        if isinstance(value, Missing):
+            continue
+        where = f"draft.handle.{name}"
+        out[name] = mask_value(_checked(where, ref.text(), mask_paths(value, ref, redacted)),
+                               secrets)
+    _size_checked("the draft's handle", out)
+    return out
+
+
+def mask_answer(m: ToolManifest, data: Any, secrets: list[str]) -> Any:
+    """An upstream's answer (an error body) with the ``$result`` redaction paths masked,
+    then the secret texts: what a 502 body may carry."""
+    for ref in redaction_references(m):
+        if ref.root == "result":
+            data = _masked_copy(data, ref.path)
+    return mask_value(data, secrets)
 
 
 def secret_texts(m: ToolManifest, args: Any, result: Any = None) -> list[str]:
