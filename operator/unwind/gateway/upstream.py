@@ -23,6 +23,7 @@ HTTP goes through one aiohttp session; MCP through the ``mcp`` SDK's client.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import math
 import re
@@ -98,6 +99,25 @@ def fill_url(template: str, arguments: dict[str, Any]) -> str:
     each placeholder the argument's text percent-encoded whole (``/`` too). Send it as is
     (``yarl.URL(url, encoded=True)``): a client that normalised the path again would turn
     a ``..`` made of the template and the values into a move up."""
+    encoded, names = _encoded_template(template)
+
+    def one(match: re.Match[str]) -> str:
+        name = names[int(match.group(1))]
+        text = plain_text(arguments.get(name))
+        if text is None:
+            raise Refusal("validation_error", f"the upstream URL needs argument {name!r} as a "
+                          "string, number or bool")
+        if text in _NOT_A_SEGMENT:
+            raise Refusal("validation_error", f"argument {name!r} is {_NOT_A_SEGMENT[text]}, and "
+                          "it fills a part of the upstream URL: '.', '..' and empty values "
+                          "would send the call to another path; send the real value")
+        return quote(text, safe="")
+    return _MARKS.sub(one, encoded)
+
+
+@functools.lru_cache(maxsize=1024)
+def _encoded_template(template: str) -> tuple[str, tuple[str, ...]]:
+    """The template encoded as a URL with a mark for each placeholder, and their names."""
     names: list[str] = []
 
     def mark(match: re.Match[str]) -> str:
@@ -113,19 +133,7 @@ def fill_url(template: str, arguments: dict[str, Any]) -> str:
         raise Refusal("upstream_error", f"the upstream URL template {template!r} loses a "
                       "placeholder when encoded (a '.' or '..' segment around it?): write the "
                       "path without dot segments")
-
-    def one(match: re.Match[str]) -> str:
-        name = names[int(match.group(1))]
-        text = plain_text(arguments.get(name))
-        if text is None:
-            raise Refusal("validation_error", f"the upstream URL needs argument {name!r} as a "
-                          "string, number or bool")
-        if text in _NOT_A_SEGMENT:
-            raise Refusal("validation_error", f"argument {name!r} is {_NOT_A_SEGMENT[text]}, and "
-                          "it fills a part of the upstream URL: '.', '..' and empty values "
-                          "would send the call to another path; send the real value")
-        return quote(text, safe="")
-    return _MARKS.sub(one, encoded)
+    return encoded, tuple(names)
 
 
 def prepare(m: ToolManifest, arguments: dict[str, Any], secrets: Secrets,
