@@ -25,6 +25,7 @@ tool or read an answer through it:
 from __future__ import annotations
 
 import json
+import logging
 import os
 from collections.abc import Awaitable, Callable, Iterable, Mapping, MutableMapping
 from dataclasses import dataclass
@@ -34,6 +35,7 @@ from urllib.parse import urlsplit
 from .errors import Refusal
 from .quit import PATH as QUIT_PATH
 
+log = logging.getLogger("unwind.gateway")
 ENV = "UNWIND_ALLOWED_HOSTS"
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 WILDCARDS = ("", "0.0.0.0", "::")
@@ -91,8 +93,8 @@ class Policy:
         host = headers.get("host")
         if not host or host_name(host) not in self.hosts:
             return Refusal("untrusted_host", f"the Host header {host!r} is not a name this "
-                           f"gateway answers to ({', '.join(sorted(self.hosts))}): call it by one "
-                           f"of those (a name the gateway is reached by goes in {ENV})")
+                           "gateway answers to: call it as 127.0.0.1 or localhost, or give the "
+                           f"name it is reached by in {ENV}")
         origin = headers.get("origin")
         if origin is not None and not self._trusted_origin(origin):
             return Refusal("permission_denied", f"the request comes from a web page ({origin!r}, "
@@ -130,6 +132,8 @@ class Trust:
         if refused is None:
             await self.app(scope, receive, send)
             return
+        log.warning("refused %s %s: %d %s: %s", scope.get("method"), str(scope.get("path"))[:200],
+                    refused.status, refused.code, refused.message)
         raw = json.dumps(refused.envelope()).encode()
         await send({"type": "http.response.start", "status": refused.status,
                     "headers": [(b"content-type", b"application/json"),
