@@ -132,7 +132,7 @@ def test_a_call_answers_with_the_report_and_its_entry_is_pending_in_the_effectle
     assert [e for e in seen["ledger"] if e["ledger"] == run_name] == [
         {"ledger": run_name, "id": "k-1", "tool": "github.create_comment", "state": "pending"}]
     [page] = gateway.pages(run_name)
-    assert page["spec"] == {"run": run_name, "page": 1}
+    assert page["spec"] == {"run": run_name, "page": 1, "owner": gateway.extra["UNWIND_ACTOR"]}
     assert page["metadata"]["labels"] == {"unwind.dev/run": run_name}
     assert page["status"]["entryCount"] == 1 and page["status"]["lastState"] == "succeeded"
     [entry] = page["status"]["entries"]
