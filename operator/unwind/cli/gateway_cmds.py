@@ -51,6 +51,11 @@ def cmd_gateway(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    taken = _cannot_listen(host, port)
+    if taken:  # before anything is loaded: a client must not quietly reach another gateway
+        print(f"error: --listen {args.listen}: cannot listen on {host}:{port}: {taken} (another "
+              "gateway left running? stop it, or give --listen HOST:PORT)", file=sys.stderr)
+        return 1
     run = args.run or os.environ.get("UNWIND_RUN") or None
     if run and run_problem(run):
         print(f"error: --run: {run_problem(run)}", file=sys.stderr)
@@ -93,6 +98,20 @@ def cmd_gateway(args: argparse.Namespace) -> int:
     servers.append(uvicorn.Server(config))
     servers[0].run()
     return 0
+
+
+def _cannot_listen(host: str, port: int) -> str | None:
+    """Why ``host:port`` cannot be listened on (e.g. "Address already in use"), else None."""
+    import socket
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            return exc.strerror or str(exc)
+    return None
 
 
 def cmd_gateway_quit(args: argparse.Namespace) -> int:

@@ -1,11 +1,13 @@
 """Walking folders the way git sees them.
 
 A repository root holds `.git/`, `.venv/`, build output and other things nobody wants
-checked or edited; hidden names are not entered and what a `.gitignore` in the walked tree
-ignores is left out (see `ignore`). Symbolic links to folders are not followed (a link
-loop would never end, and a link out of the tree would check someone else's files); they
-are reported, so that a folder that only holds such a link is not a silent "nothing here".
-A file or folder named by the person is always read, hidden or ignored.
+checked or edited; hidden names are not entered and what a `.gitignore` or an
+`.unwindignore` in the walked tree ignores is left out (see `ignore`; `.unwindignore` has
+the same syntax, for files git keeps but Unwind should not read, such as test fixtures that
+are invalid on purpose). Symbolic links to folders are not followed (a link loop would
+never end, and a link out of the tree would check someone else's files); they are
+reported, so that a folder that only holds such a link is not a silent "nothing here". A
+file or folder named by the person is always read, hidden or ignored.
 """
 
 from __future__ import annotations
@@ -17,6 +19,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .ignore import Rule, ignored, parse_gitignore
+
+# Read in each walked folder, in this order (a later file's patterns win): git's, then the
+# one for what git keeps but Unwind should not read (fixtures invalid on purpose).
+IGNORE_FILES = (".gitignore", ".unwindignore")
 
 
 @dataclass
@@ -32,18 +38,19 @@ class Walked:
 
 def walk(root: Path, suffixes: tuple[str, ...], links: list[Path] | None = None) -> list[Path]:
     """The files ending in one of `suffixes` under `root`, not entering hidden names (`.git`,
-    `.venv`, `.dev`...), what a .gitignore in the walked tree ignores, or symbolic links to
-    folders (appended to `links` when given)."""
+    `.venv`, `.dev`...), what a .gitignore or .unwindignore in the walked tree ignores, or
+    symbolic links to folders (appended to `links` when given)."""
     found: list[Path] = []
     rules_by_dir: dict[str, list[Rule]] = {}
     for here, dirs, names in os.walk(root):
         rel_dir = Path(here).relative_to(root).as_posix()
         rel_dir = "" if rel_dir == "." else rel_dir
         rules = list(rules_by_dir.get(rel_dir, []))
-        if ".gitignore" in names:
-            with contextlib.suppress(OSError, UnicodeDecodeError):
-                text = Path(here, ".gitignore").read_text(encoding="utf-8")
-                rules += parse_gitignore(text, rel_dir)
+        for ignore_file in IGNORE_FILES:
+            if ignore_file in names:
+                with contextlib.suppress(OSError, UnicodeDecodeError):
+                    text = Path(here, ignore_file).read_text(encoding="utf-8")
+                    rules += parse_gitignore(text, rel_dir)
 
         def keep(name: str, is_dir: bool, rel_dir: str = rel_dir, rules: list[Rule] = rules) -> bool:
             rel = f"{rel_dir}/{name}" if rel_dir else name
