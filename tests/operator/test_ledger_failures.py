@@ -4,6 +4,7 @@ on it and the others go on (jobs.py, ledgerfailures.py, handlers.decide_ledgers)
 
 from __future__ import annotations
 
+import asyncio
 import json
 import types
 from collections.abc import Iterator
@@ -36,12 +37,16 @@ NOW = "2026-12-02T10:00:00Z"
 
 def server_objections(value: Any, schema: dict[str, Any], path: str = "status") -> Iterator[str]:
     """What this API server (1.20, go-openapi's type check) does not keep as sent: an empty
-    string in a non-nullable ``type: string`` is refused as ``Invalid value: "null"``, and a
-    null in a non-nullable field is pruned. Open parts (preserve-unknown-fields) are data."""
+    string in a non-nullable ``type: string`` is refused as ``Invalid value: "null"``, a
+    null in a non-nullable field is pruned, a value an enum does not list (null included)
+    is refused. Open parts (preserve-unknown-fields) are data."""
     if schema.get("x-kubernetes-preserve-unknown-fields") and not schema.get("properties"):
         return
     if not schema.get("nullable") and (value is None or (value == "" and schema.get("type") == "string")):
         yield f"{path}: {value!r}"
+        return
+    if "enum" in schema and value not in schema["enum"]:
+        yield f"{path}: {value!r} not in the enum"
         return
     if isinstance(value, dict):
         props, extra = schema.get("properties"), schema.get("additionalProperties")
@@ -54,33 +59,44 @@ def server_objections(value: Any, schema: dict[str, Any], path: str = "status") 
             yield from server_objections(item, schema.get("items") or {}, path)
 
 
-def value_for(tp: Any, fill: bool) -> Any:
-    """A valid value of type ``tp``: models with their required fields (and, with ``fill``,
-    every optional one), open dicts holding an empty string (data, kept as is)."""
+def _container(tp: Any) -> bool:
+    origin, args = get_origin(tp), get_args(tp)
+    if origin in (Union, types.UnionType):
+        return any(_container(a) for a in args if a is not type(None))
+    return origin is list or (isinstance(tp, type) and issubclass(tp, BaseModel))
+
+
+def value_for(tp: Any, mode: str) -> Any:
+    """A valid value of type ``tp``. Models hold their required fields; with mode
+    ``skeleton`` also every list and model (one item each), so each nested model appears
+    with its optional scalars left to their defaults; with ``full`` every field. Open data
+    holds an empty string and a null (data, kept as is)."""
     origin, args = get_origin(tp), get_args(tp)
     if tp is Any or origin is dict:
-        return {"note": ""}
+        return {"note": "", "none": None}
     if origin in (Union, types.UnionType):
-        return value_for(next(a for a in args if a is not type(None)), fill)
+        return value_for(next(a for a in args if a is not type(None)), mode)
     if origin is Literal:
         return args[0]
     if origin is list:
-        return [value_for(args[0], fill)]
+        return [value_for(args[0], mode)]
     if isinstance(tp, type) and issubclass(tp, BaseModel):
-        return {name: value_for(f.annotation, fill) for name, f in tp.model_fields.items()
-                if f.is_required() or fill}
+        return {name: value_for(f.annotation, mode) for name, f in tp.model_fields.items()
+                if f.is_required() or mode == "full" or (mode == "skeleton" and _container(f.annotation))}
     return {str: "x", int: 1, bool: True, float: 1.0}[tp]
 
 
-@pytest.mark.parametrize("fill", [False, True], ids=["optional fields left to their defaults", "every field set"])
-def test_every_field_of_a_ledger_status_is_written_as_the_api_server_keeps_it(fill: bool) -> None:
-    model = LedgerStatus.model_validate(value_for(LedgerStatus, fill))
+@pytest.mark.parametrize("mode", ["bare", "skeleton", "full"])
+def test_every_field_of_a_ledger_status_is_written_as_the_api_server_keeps_it(mode: str) -> None:
+    model = LedgerStatus.model_validate(value_for(LedgerStatus, mode))
     dumped = model.model_dump(mode="json")  # None and "" defaults included, as a careless writer sends
     written = storable_status("EffectLedger", dumped)
     assert list(server_objections(written, status_schema("EffectLedger"))) == []
     assert LedgerStatus.model_validate(written) == model  # reads back the same
-    if fill:
-        assert written["entries"][0]["handle"]["args"] == {"note": ""}  # data is kept whole
+    if mode == "full":
+        assert written["entries"][0]["handle"]["args"] == {"note": "", "none": None}  # data is kept whole
+    if mode == "skeleton":  # every nested model, its "" and None defaults as dumped: refused unless dropped
+        assert "status.entries.approval.decisions.reason: ''" in list(server_objections(dumped, status_schema("EffectLedger")))
 
 
 def test_an_approval_decision_without_a_reason_was_refused_as_null_and_is_written_without_it() -> None:
@@ -100,7 +116,7 @@ def test_an_approval_decision_without_a_reason_was_refused_as_null_and_is_writte
     assert Entry.model_validate(written) == entry
 
 
-def test_a_nullable_field_keeps_its_null_and_its_empty_string_and_open_data_stays_whole() -> None:
+def test_a_nullable_field_keeps_its_empty_string_and_open_data_stays_whole() -> None:
     schema = status_schema("EffectLedger")
     step = {"index": 1, "entry": "e", "tool": "t", "action": "inverse", "state": "pending",
             "arguments": {"note": "", "none": None}, "undo_tool": None, "message": ""}
@@ -108,7 +124,7 @@ def test_a_nullable_field_keeps_its_null_and_its_empty_string_and_open_data_stay
                                  "steps": [step]}}, schema)
     kept = out["rollback"]["steps"][0]
     assert kept["arguments"] == {"note": "", "none": None}
-    assert kept["undo_tool"] is None and kept["message"] == ""  # nullable: the API server keeps both
+    assert "undo_tool" not in kept and kept["message"] == ""  # nullable: "" is kept; absent reads as None
 
 
 # ---- a failed pass, recorded on its ledger -------------------------------------------------
@@ -256,12 +272,15 @@ def test_a_ledger_whose_decision_raises_is_its_own_failure(monkeypatch: pytest.M
 
 async def test_a_failed_ledger_is_retried_with_its_own_backoff_and_forgotten_once_it_passes() -> None:
     loop = RollbackLoop(worker(FakeCustom({}, set()), FakeCore()), poll=0.01)
-    loop._schedule("shop", {"a", "b"}, PassResult(failed={"a"}))
+    retried: list[tuple[str, set[str]]] = []
+    loop._again = lambda namespace, names: retried.append((namespace, names))  # type: ignore[method-assign]
+    loop._schedule("shop", {"a", "b"}, PassResult(failed={"a"}, again={"b"}))
     loop._schedule("shop", {"a"}, PassResult(failed={"a"}))
-    assert loop.failures == {("shop", "a"): 2}
+    assert loop.failures == {("shop", "a"): 2}  # the next retry waits twice as long
+    await asyncio.sleep(0.1)
+    assert sorted((ns, sorted(names)) for ns, names in retried) == [("shop", ["a"]), ("shop", ["a"]), ("shop", ["b"])]
     loop._schedule("shop", set(), PassResult())  # a pass over every ledger, none failed
     assert loop.failures == {}
-    await loop.stop()
 
 
 # ---- the approvals' decisions, written ledger by ledger ----------------------------------
@@ -307,3 +326,22 @@ def test_a_temporary_failure_of_one_ledgers_decisions_retries_the_reconcile_afte
     with pytest.raises(ApiException):
         handlers.decide_ledgers(kube, "shop", [], None)  # type: ignore[arg-type]
     assert kube.written == ["l-2"] and kube.custom.patched == {}
+
+
+def test_no_optional_enum_of_the_generated_crds_is_nullable() -> None:
+    """A nullable enum refuses the null it declares (the API server checks a kept null against
+    the enum, and a CRD may not list null in one); a non-nullable one prunes it. Found
+    writing ``scope: null`` through the API server."""
+    from unwind.api.crd import crd_for
+    from unwind.api.resources import KINDS
+
+    def walk(node: Any) -> Iterator[str]:
+        if isinstance(node, dict):
+            if node.get("nullable") and "enum" in node:
+                yield str(node["enum"])
+            for value in node.values():
+                yield from walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                yield from walk(value)
+    assert [e for kind in KINDS for e in walk(crd_for(kind))] == []

@@ -1,7 +1,7 @@
 """CustomResourceDefinitions generated from the pydantic models.
 
 A structural schema, as the API server requires: ``$ref``s inlined, no ``title`` or
-``default``, ``nullable`` for optionals, ``x-kubernetes-int-or-string`` for durations, and
+``default``, ``nullable`` for optionals (enums aside), ``x-kubernetes-int-or-string`` for durations, and
 ``x-kubernetes-preserve-unknown-fields`` where a value may be a string or an object (a
 reference, an approval shorthand). The ToolManifest spec also keeps unknown fields at every
 level: an API server prunes undeclared fields before any webhook sees them, and the
@@ -10,8 +10,10 @@ manifest format promises that a typo is an error, so the webhook must see the ty
 ``storable`` is what a writer sends: the API server's validator (go-openapi, in the 1.20
 build here) takes an empty string for a missing value and refuses it in every non-nullable
 ``type: string`` field as ``Invalid value: "null"``, and it prunes explicit nulls of
-non-nullable fields. So a value is written without its ``""`` and ``None`` in typed places;
-every such field reads back the same, because the models give them that default.
+non-nullable fields. So a value is written without its ``""`` (where the schema refuses
+it) and without ``None`` in typed places; every such field reads back the same, because
+the models give them that default. An optional enum is left non-nullable, so an explicit
+null is pruned rather than refused by the enum.
 """
 
 from __future__ import annotations
@@ -57,7 +59,9 @@ def _structural(node: dict[str, Any], open_objects: bool) -> dict[str, Any]:
             out = {"x-kubernetes-int-or-string": True}
         else:  # string-or-object and the like: keep it whole, the validator judges it
             out = {"x-kubernetes-preserve-unknown-fields": True}
-        if nullable:
+        # An optional enum is not nullable: the API server checks a kept null against the enum
+        # (and no null may be listed in one), while a null of a non-nullable field is pruned.
+        if nullable and "enum" not in out:
             out["nullable"] = True
         if description and "description" not in out:
             out["description"] = description
@@ -141,9 +145,10 @@ def _open(schema: dict[str, Any]) -> bool:
 
 
 def storable(value: Any, schema: dict[str, Any]) -> Any:
-    """``value`` as the API server stores it unchanged: without the ``""`` it would refuse
-    and the nulls it would drop in the places ``schema`` types. Kept whole where the schema
-    keeps unknown fields (handles, arguments, reports: the values there are data)."""
+    """``value`` as the API server stores it unchanged: without the ``""`` it would refuse,
+    and without nulls (absent reads the same) in the places ``schema`` types. Kept whole
+    where the schema keeps unknown fields (handles, arguments, reports: the values there
+    are data)."""
     if _open(schema) or schema.get("x-kubernetes-int-or-string"):
         return value
     if isinstance(value, dict):
@@ -164,9 +169,9 @@ def storable(value: Any, schema: dict[str, Any]) -> Any:
 
 
 def _dropped(value: Any, schema: dict[str, Any]) -> bool:
-    if schema.get("nullable") or _open(schema):
+    if _open(schema):
         return False
-    return value is None or (value == "" and schema.get("type") == "string")
+    return value is None or (value == "" and schema.get("type") == "string" and not schema.get("nullable"))
 
 
 def storable_status(kind: str, status: dict[str, Any]) -> dict[str, Any]:

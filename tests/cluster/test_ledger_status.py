@@ -1,0 +1,117 @@
+"""Every field of an EffectLedger's status through the real API server's status subresource:
+what the operator and the gateway write (api.crd.storable) is stored as sent and reads back
+as the same model, whichever optional fields are absent, null or set (issue 18 #1)."""
+
+from __future__ import annotations
+
+import json
+import types
+from typing import Any, Literal, Union, get_args, get_origin
+
+import pytest
+from cluster_helpers import GROUP, VERSION
+from kubernetes import client
+from pydantic import BaseModel
+
+from unwind.api.crd import storable_status
+from unwind.api.resources import LedgerStatus
+from unwind.controlplane.dev import OperatorProcess
+from unwind.ledger.entry import ApprovalDecision, ApprovalRulesRecord, Entry, EntryApproval, Times
+
+
+def _container(tp: Any) -> bool:
+    origin, args = get_origin(tp), get_args(tp)
+    if origin in (Union, types.UnionType):
+        return any(_container(a) for a in args if a is not type(None))
+    return origin is list or (isinstance(tp, type) and issubclass(tp, BaseModel))
+
+
+def value_for(tp: Any, mode: str) -> Any:
+    """A valid value of type ``tp``. Models hold their required fields; with mode
+    ``skeleton`` also every list and model (one item each), so each nested model appears
+    with its optional scalars left to their defaults; with ``full`` every field. Open data
+    holds an empty string and a null (data, kept as is)."""
+    origin, args = get_origin(tp), get_args(tp)
+    if tp is Any or origin is dict:
+        return {"note": "", "none": None}
+    if origin in (Union, types.UnionType):
+        return value_for(next(a for a in args if a is not type(None)), mode)
+    if origin is Literal:
+        return args[0]
+    if origin is list:
+        return [value_for(args[0], mode)]
+    if isinstance(tp, type) and issubclass(tp, BaseModel):
+        return {name: value_for(f.annotation, mode) for name, f in tp.model_fields.items()
+                if f.is_required() or mode == "full" or (mode == "skeleton" and _container(f.annotation))}
+    return {str: "x", int: 1, bool: True, float: 1.0}[tp]
+
+
+def explicit_nulls(value: Any, model: type[BaseModel]) -> Any:
+    """``value`` (a model's JSON) with every optional field that is absent written as null."""
+    out = dict(value)
+    for name, f in model.model_fields.items():
+        origin, args = get_origin(f.annotation), get_args(f.annotation)
+        inner = [a for a in args if a is not type(None)] if origin in (Union, types.UnionType) else [f.annotation]
+        if name not in out and type(None) in args:
+            out[name] = None
+        elif name in out and len(inner) == 1:
+            sub, sub_args = inner[0], get_args(inner[0])
+            if isinstance(sub, type) and issubclass(sub, BaseModel) and isinstance(out[name], dict):
+                out[name] = explicit_nulls(out[name], sub)
+            elif get_origin(sub) is list and sub_args and isinstance(sub_args[0], type) \
+                    and issubclass(sub_args[0], BaseModel):
+                out[name] = [explicit_nulls(v, sub_args[0]) for v in out[name]]
+    return out
+
+
+def round_trip(api: client.ApiClient, namespace: str, name: str, status: dict[str, Any]) -> dict[str, Any]:
+    custom: Any = client.CustomObjectsApi(api)
+    obj = custom.create_namespaced_custom_object(GROUP, VERSION, namespace, "effectledgers", {
+        "apiVersion": f"{GROUP}/{VERSION}", "kind": "EffectLedger", "metadata": {"name": name},
+        "spec": {"run": name}})
+    obj["status"] = status
+    custom.replace_namespaced_custom_object_status(GROUP, VERSION, namespace, "effectledgers", name, obj)
+    read = custom.get_namespaced_custom_object(GROUP, VERSION, namespace, "effectledgers", name)
+    return dict(read["status"])
+
+
+@pytest.mark.parametrize("mode", ["bare", "skeleton", "full"])
+def test_every_field_of_a_ledger_status_round_trips_through_the_status_subresource(
+        operator: OperatorProcess, k8s_api: client.ApiClient, namespace: str, mode: str) -> None:
+    model = LedgerStatus.model_validate(value_for(LedgerStatus, mode))
+    # as a careless writer would send it: every None and "" default included
+    written = storable_status("EffectLedger", model.model_dump(mode="json"))
+    read = round_trip(k8s_api, namespace, f"fields-{mode}", written)
+    assert read == written  # stored exactly as sent
+    if mode == "skeleton":  # the reason-less decision of issue 18 is in it
+        assert "reason" not in written["entries"][0]["approval"]["decisions"][0]
+    assert LedgerStatus.model_validate(read) == model
+
+
+def test_every_optional_field_written_as_an_explicit_null_is_accepted_and_reads_back_the_same(
+        operator: OperatorProcess, k8s_api: client.ApiClient, namespace: str) -> None:
+    model = LedgerStatus.model_validate(value_for(LedgerStatus, "skeleton"))
+    raw = explicit_nulls(storable_status("EffectLedger", model.model_dump(mode="json")), LedgerStatus)
+    assert raw["next"] is None and raw["entries"][0]["approval"]["rules"]["timeout_ms"] is None
+    read = round_trip(k8s_api, namespace, "nulls", raw)
+    assert LedgerStatus.model_validate(read) == model
+
+
+def test_an_approval_decision_without_a_reason_is_refused_as_null_unless_written_without_the_empty_string(
+        operator: OperatorProcess, k8s_api: client.ApiClient, namespace: str) -> None:
+    """The cause of issue 18's wedged rollback, on this API server: the model's ``reason: ""``
+    is refused as ``Invalid value: "null"``; the operator's storable form round-trips."""
+    decision = ApprovalDecision(name="dave-ok", user="dave", groups=["finance"], decision="approve",
+                                created="2026-12-02T10:00:00Z")
+    entry = Entry(id="charge-1", tool="stripe.create_charge", actor="agent", state="succeeded",
+                  approval=EntryApproval(rules=ApprovalRulesRecord(roles=["finance"], quorum=1),
+                                         identities="kubernetes", decisions=[decision], state="approved"),
+                  times=Times(requested="2026-12-02T10:00:00Z"))
+    with pytest.raises(client.ApiException) as refused:
+        round_trip(k8s_api, namespace, "as-dumped", {"entries": [entry.to_json()]})
+    assert refused.value.status == 422
+    body = json.loads(refused.value.body)
+    assert body["details"]["causes"][0]["field"] == "status.entries.approval.decisions.reason"
+    assert 'must be of type string: "null"' in body["message"]
+    read = round_trip(k8s_api, namespace, "as-written", storable_status("EffectLedger", {"entries": [entry.to_json()]}))
+    assert Entry.model_validate(read["entries"][0]) == entry
