@@ -176,7 +176,7 @@ def test_the_namespace_status_shows_what_each_manifest_waits_for(
     assert missing == f"error: tm/nope does not exist in namespace {namespace}"
 
 
-def test_a_ledger_entry_decision_is_recorded_for_the_tally_to_come(
+def test_a_ledger_entry_decision_is_recorded_for_the_operators_tally_and_a_second_says_already_decided(
         operator: OperatorProcess, control_plane: ControlPlane, k8s_api: client.ApiClient, namespace: str) -> None:
     bob = control_plane.user_kubeconfig("bob")
     apply(control_plane.kubeconfig, namespace, {"apiVersion": f"{GROUP}/{VERSION}", "kind": "EffectLedger",
@@ -184,10 +184,15 @@ def test_a_ledger_entry_decision_is_recorded_for_the_tally_to_come(
     out = ok(unwind("approve", "ledger/run-42", "--entry", "e-0007", "-n", namespace, f"--kubeconfig={bob}",
                     kubectl=True))
     assert out.startswith("approved entry e-0007 of ledger/run-42 as bob (Approval run-42-approve-e-0007-")
-    assert "recorded only: ledger approvals are not tallied yet" in out
+    assert "the operator tallies it into the entry" in out and "not tallied" not in out
     [record] = client.CustomObjectsApi(k8s_api).list_namespaced_custom_object(
         GROUP, VERSION, namespace, "approvals")["items"]
     assert record["spec"]["target"] == {"effectLedger": "run-42", "entry": "e-0007"}
     assert record["metadata"]["annotations"]["unwind.dev/approver"] == "bob"
+    again = unwind("approve", "ledger/run-42", "--entry", "e-0007", "-n", namespace, f"--kubeconfig={bob}",
+                   kubectl=True)
+    assert again.returncode == 0, again.stderr
+    assert f"note: already decided: bob made the same decision (approve) on entry e-0007 of ledger/run-42 " \
+           f"in Approval {record['metadata']['name']}; this one is recorded but changes nothing" in again.stderr
     needs_entry = one_error_line(unwind("deny", "effectledger/run-42", "-n", namespace, f"--kubeconfig={bob}"))
     assert needs_entry == "error: ledger/run-42: say which entry with --entry ID"

@@ -147,8 +147,8 @@ def cmd_decide(args: argparse.Namespace) -> int:
     if target.kind == "EffectLedger" and not args.entry:
         raise UsageError(f"{target}: say which entry with --entry ID")
     if target.kind == "EffectLedger" and args.wait:
-        raise UsageError("--wait follows a ToolManifest's Approved condition; ledger approvals "
-                         "are not tallied yet")
+        raise UsageError("--wait follows a ToolManifest's Approved condition; a ledger entry's "
+                         f"tally is in its approval: `kubectl get {target} -o yaml`")
     timeout = _timeout(args.timeout)
     k = Kubectl.from_args(args)
     if target.kind == "EffectLedger":
@@ -179,6 +179,7 @@ def _decide_manifest(k: Kubectl, target: Target, decision: str, args: argparse.N
         target.name, decision, f"v{version}", secrets.token_hex(4)))
     name, who = view.meta(created).get("name"), view.annotations_of(created).get(APPROVER.user, "?")
     what = f"version {version} of {target} (sha256:{view.short(digest)}…)"
+    _note_already_decided(k, created, what)
     if decision == "deny":
         tail = "a deny is final for this version: only a new spec can be approved"
     elif view.status(obj).get("publishedChecksum") == digest:
@@ -247,9 +248,24 @@ def _decide_entry(k: Kubectl, target: Target, decision: str, args: argparse.Name
         _emit(_result(created, {"effectLedger": target.name, "entry": args.entry}), args.output)
         return 0
     name, who = view.meta(created).get("name"), view.annotations_of(created).get(APPROVER.user, "?")
+    _note_already_decided(k, created, f"entry {args.entry} of {target}")
     print(f"{'approved' if decision == 'approve' else 'denied'} entry {args.entry} of {target} as {who} "
-          f"(Approval {name}); recorded only: ledger approvals are not tallied yet")
+          f"(Approval {name}); the operator tallies it into the entry (its approval in `kubectl get "
+          f"{target} -o yaml`), and the agent's retry of the call runs it once approved")
     return 0
+
+
+def _note_already_decided(k: Kubectl, created: dict[str, Any], what: str) -> None:
+    """Say so when the same person made the same decision on the same thing before."""
+    try:
+        earlier = view.already_decided(created, _approvals(k), APPROVER.user)
+    except KubectlError:
+        return  # an approver who may create Approvals but not list them: nothing to compare
+    if earlier is not None:
+        spec = view.part(created, "spec")
+        _note(f"already decided: {view.annotations_of(created).get(APPROVER.user)} made the same "
+              f"decision ({spec.get('decision')}) on {what} in Approval {view.meta(earlier).get('name')}; "
+              "this one is recorded but changes nothing")
 
 
 # ---- history / diff / status ----------------------------------------------------------

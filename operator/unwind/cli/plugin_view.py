@@ -91,6 +91,23 @@ def approval_name(target: str, decision: str, detail: str, token: str) -> str:
     return target[:MAX_NAME - len(suffix)].rstrip("-.") + suffix
 
 
+def already_decided(created: Mapping[str, Any], approvals: Iterable[Mapping[str, Any]],
+                    approver_key: str) -> Mapping[str, Any] | None:
+    """An earlier Approval by the same (stamped) approver with the same decision on the same
+    target (a manifest's checksum, or a ledger entry) as ``created``: a second one changes
+    nothing, and the person should be told so rather than see it accepted silently."""
+    who = annotations_of(created).get(approver_key)
+    spec = part(created, "spec")
+    if not who:
+        return None
+    earlier = [a for a in approvals if meta(a).get("name") != meta(created).get("name")
+               and annotations_of(a).get(approver_key) == who
+               and part(a, "spec").get("target") == spec.get("target")
+               and part(a, "spec").get("decision") == spec.get("decision")]
+    return min(earlier, key=lambda a: (str(meta(a).get("creationTimestamp") or ""),
+                                       str(meta(a).get("name") or "")), default=None)
+
+
 def short(checksum: str | None) -> str:
     return checksum.removeprefix("sha256:")[:12] if checksum else "-"
 

@@ -206,12 +206,14 @@ def _settle_set(states: list[State], by_owner: dict[str, dict[str, Revision]],
         models = [st.chosen.model_copy(update={"lifecycle": st.chosen_lifecycle}) for st in live
                   if st.chosen is not None] + [drafted(st) for st in others]
         changed = False
+        broken: dict[int, list[Issue]] = {}  # every issue of a manifest, as offline validate lists them
         for issue in validate_namespace(models):
-            if issue.index is None or issue.index >= len(live):
-                continue
-            st = live[issue.index]
+            if issue.index is not None and issue.index < len(live):
+                broken.setdefault(issue.index, []).append(issue)
+        for index, issues in broken.items():
+            st = live[index]
             if st.current_chosen:  # the current spec breaks the set
-                st.issues.append(issue)
+                st.issues += issues
                 st.set_reason = Reason.SET_INVALID
                 st.approved = False
                 fall_back(st, by_owner, enforced)
