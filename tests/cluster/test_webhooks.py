@@ -4,13 +4,17 @@ killed while the webhooks keep answering, and the serving certificate renews in 
 from __future__ import annotations
 
 import base64
+import datetime as dt
 import socket
 import ssl
 import subprocess
 import threading
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
+import pytest
 import yaml
 from cluster_helpers import READ, apply, enforced, tm, wait_for
 from kubernetes import client
@@ -102,3 +106,50 @@ def test_the_serving_certificate_renews_in_place_without_a_refused_request(
     finally:
         probe.stop()
     assert probe.failures == [] and probe.ok > 5
+
+
+def test_an_operator_given_the_api_servers_client_ca_answers_the_api_server_and_no_one_else(
+        operator: OperatorProcess, control_plane: ControlPlane, k8s_api: client.ApiClient, namespace: str,
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import json
+
+    from unwind.operator.certs import issue, new_ca
+
+    operator.stop()
+    monkeypatch.setenv("UNWIND_WEBHOOK_CLIENT_CA", str(control_plane.webhook_client_ca))
+    monkeypatch.setenv("UNWIND_WEBHOOK_CLIENT_NAMES", "kube-apiserver-webhook-client")
+    guarded = OperatorProcess(operator.kubeconfig, tmp_path / "guarded.log", operator.args,
+                              webhook_port=operator.webhook_port).start()
+    try:
+        # the API server presents its webhook client certificate: applies are stamped
+        apply(control_plane.kubeconfig, namespace, tm("read", READ))
+        wait_for("published", lambda: enforced(k8s_api, namespace) == {"shop.get_order": 1})
+        obj = client.CustomObjectsApi(k8s_api).get_namespaced_custom_object(
+            "unwind.dev", "v1alpha1", namespace, "toolmanifests", "read")
+        assert obj["metadata"]["annotations"]["unwind.dev/applied-by"] == "admin"
+        # a pod that reaches the port with a made-up review gets no stamp, with or without a
+        # certificate of its own
+        review = json.dumps({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
+            "uid": "x", "operation": "CREATE", "namespace": namespace, "object": tm("forged", READ),
+            "userInfo": {"username": "system:serviceaccount:argocd:argocd-application-controller"}}}).encode()
+        now = dt.datetime.now(dt.UTC)
+        ca, ca_key = new_ca(now, dt.timedelta(days=1))
+        cert, key = issue(ca, ca_key, ["kube-apiserver-webhook-client"], now, dt.timedelta(days=1), client=True)
+        (tmp_path / "own.pem").write_text(cert + key)
+        for own in (False, True):
+            context = ssl.create_default_context()
+            context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+            if own:
+                context.load_cert_chain(str(tmp_path / "own.pem"))
+            request = urllib.request.Request(f"https://127.0.0.1:{operator.webhook_port}/stamp-toolmanifest",
+                                             data=review, headers={"Content-Type": "application/json"})
+            try:
+                with urllib.request.urlopen(request, context=context, timeout=10) as answer:
+                    raise AssertionError(f"answered a caller without the API server's certificate: {answer.read()!r}")
+            except (ssl.SSLError, ConnectionError, urllib.error.URLError) as exc:
+                assert "answered" not in str(exc)
+    finally:
+        guarded.stop()
+        monkeypatch.delenv("UNWIND_WEBHOOK_CLIENT_CA")
+        monkeypatch.delenv("UNWIND_WEBHOOK_CLIENT_NAMES")
+        operator.start()

@@ -102,6 +102,41 @@ def pki_files(directory: Path) -> CertFiles:
     return pki_layout(directory)
 
 
+WEBHOOK_CLIENT_CN = "kube-apiserver-webhook-client"
+
+
+def write_webhook_client(directory: Path) -> Path:
+    """A CA of its own and the client certificate the API server presents to admission
+    webhooks (``webhook-client-ca.crt``: what an operator given ``UNWIND_WEBHOOK_CLIENT_CA``
+    trusts), and the admission configuration that makes it do so; returns the latter (for
+    ``--admission-control-config-file``). Made afresh at each start: cheap, and nothing
+    else holds them."""
+    from ..operator.certs import issue, new_ca
+
+    now = dt.datetime.now(dt.UTC)
+    year = dt.timedelta(days=365)
+    ca, ca_key = new_ca(now, year)
+    cert, key = issue(ca, ca_key, [WEBHOOK_CLIENT_CN], now, year, client=True)
+    (directory / "webhook-client-ca.crt").write_text(ca)
+    (directory / "webhook-client.crt").write_text(cert)
+    key_file = directory / "webhook-client.key"
+    key_file.write_text(key)
+    key_file.chmod(0o600)
+    kubeconfig = directory / "webhook-client.kubeconfig"
+    kubeconfig.write_text(yaml.safe_dump({"apiVersion": "v1", "kind": "Config", "users": [
+        # "*": every webhook the API server calls, by URL or by Service
+        {"name": "*", "user": {"client-certificate": str(directory / "webhook-client.crt"),
+                               "client-key": str(key_file)}}]}))
+    config = directory / "admission.yaml"
+    config.write_text(yaml.safe_dump({
+        "apiVersion": "apiserver.config.k8s.io/v1", "kind": "AdmissionConfiguration",
+        "plugins": [{"name": name, "configuration": {
+            "apiVersion": "apiserver.config.k8s.io/v1", "kind": "WebhookAdmissionConfiguration",
+            "kubeConfigFile": str(kubeconfig)}}
+            for name in ("ValidatingAdmissionWebhook", "MutatingAdmissionWebhook")]}))
+    return config
+
+
 def pki_problem(directory: Path, margin: dt.timedelta = dt.timedelta(days=1),
                 ips: tuple[str, ...] = ()) -> str | None:
     """Why the keys in ``directory`` cannot be reused (missing, unreadable, expiring within
@@ -208,6 +243,11 @@ class ControlPlane:
     @property
     def ca_file(self) -> Path:
         return self.workdir / "pki" / "ca.crt"
+
+    @property
+    def webhook_client_ca(self) -> Path:
+        """The CA of the client certificate the API server presents to webhooks."""
+        return self.workdir / "pki" / "webhook-client-ca.crt"
 
     @property
     def pids(self) -> dict[str, int]:
@@ -323,6 +363,7 @@ class ControlPlane:
             f"--tls-cert-file={pki.serving_cert}", f"--tls-private-key-file={pki.serving_key}",
             f"--client-ca-file={pki.ca_cert}",
             f"--token-auth-file={tokens}",
+            f"--admission-control-config-file={write_webhook_client(wd / 'pki')}",
             *node_flags,
             f"--feature-gates={FEATURE_GATES}",
             f"--service-account-key-file={pki.sa_pub}",
