@@ -37,3 +37,15 @@ def test_another_person_another_entry_or_another_decision_is_not_already_decided
     assert view.already_decided(new, [*others, new], APPROVER) is None
     unstamped = {"metadata": {"name": "u"}, "spec": new["spec"]}
     assert view.already_decided(unstamped, [new], APPROVER) is None
+
+
+def test_counts_of_one_are_singular_in_the_watch_and_the_plan() -> None:
+    line = view.planned_line({"planned": "2026-12-02T10:00:00Z", "steps": [{"entry": "c1"}], "skipped": 0})
+    assert line.startswith("planned at 2026-12-02T10:00:00Z: 1 step, 0 with nothing to undo"), line
+    # the plan's "1 of 1 step run": tests/rollback/test_local_rollback.py
+
+
+def test_the_operators_rollback_counts_are_singular_for_one() -> None:
+    from unwind.operator.rollback import _n
+
+    assert (_n(1, "step"), _n(2, "step"), _n(0, "lookup")) == ("1 step", "2 steps", "0 lookups")

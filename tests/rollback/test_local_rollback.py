@@ -234,7 +234,7 @@ def test_a_rollback_not_confirmed_runs_nothing_and_confirming_approves_its_steps
     assert gateway.call("test.issue_closed_with_approval", ISSUE, run=run_name,
                         key="a-1").status_code == 200
     text = unwind("plan", "--ledger", ledger(gateway, run_name), "-m", manifests)
-    assert "needed" in text.out and "1 of 1 steps run, 1 need approval" in text.out
+    assert "needed" in text.out and "1 of 1 step run, 1 need approval" in text.out
     refused = unwind("rollback", "--ledger", ledger(gateway, run_name), "-m", manifests)
     assert refused.code == 1 and "not confirmed" in refused.err
     assert entries(gateway, run_name)["a-1"]["state"] == "succeeded"

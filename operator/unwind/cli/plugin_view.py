@@ -498,8 +498,9 @@ def planned_line(rollback: Mapping[str, Any]) -> str:
            else f"requester unknown: {by['problem']}" if by.get("problem") else "")
     if rollback.get("error"):
         return f"no plan: {rollback['error']}" + (f" ({who})" if who else "")
-    return (f"planned at {rollback.get('planned')}: {len(steps)} steps, {rollback.get('skipped') or 0} with "
-            "nothing to undo" + (f"; {who}" if who else ""))
+    n = len(steps)
+    return (f"planned at {rollback.get('planned')}: {n} step{'' if n == 1 else 's'}, "
+            f"{rollback.get('skipped') or 0} with nothing to undo" + (f"; {who}" if who else ""))
 
 
 def step_lines(seen: dict[int, str], rollback: Mapping[str, Any]) -> list[str]:

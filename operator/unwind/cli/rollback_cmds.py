@@ -114,7 +114,7 @@ def format_plan(plan: Any) -> str:
     left = {a: sum(1 for s in steps if s.action == a) for a in ("not_undoable", "unrecoverable")}
     residue = sum(1 for s in steps if s.residue)
     approval = sum(1 for s in steps if s.requires_approval)
-    summary = (f"ledger {plan.ledger}: {len(run)} of {len(steps)} steps run"
+    summary = (f"ledger {plan.ledger}: {len(run)} of {plural(len(steps), 'step')} run"
                f"{f', {approval} need approval' if approval else ''}; left behind: "
                f"{residue} with residue, {left['not_undoable']} not undoable, "
                f"{left['unrecoverable']} unrecoverable")
@@ -157,7 +157,7 @@ def cmd_rollback(args: argparse.Namespace) -> int:
         if not sys.stdin.isatty():
             return fail(args, "not_confirmed", "not confirmed: review the plan and run again "
                         "with --yes (standard input is not a terminal to ask)")
-        answer = input(f"run {len(plan.runnable())} steps now? [y/N] ").strip().lower()
+        answer = input(f"run {plural(len(plan.runnable()), 'step')} now? [y/N] ").strip().lower()
         if answer not in ("y", "yes"):
             print("nothing was run")
             return 1
@@ -295,8 +295,8 @@ def cmd_ledger_export(args: argparse.Namespace) -> int:
         Path(args.out).write_text(text, encoding="utf-8")
     except OSError as exc:
         return fail(args, "write", f"cannot write {args.out}: {exc.strerror or exc}")
-    print(f"wrote {args.out}: ledger {snap.name}, {len(evidence['entries'])} entries, "
-          f"{len(evidence['approvals'])} approvals, {len(evidence['steps'])} undo steps; signed "
+    print(f"wrote {args.out}: ledger {snap.name}, {plural(len(evidence['entries']), 'entry', 'entries')}, "
+          f"{plural(len(evidence['approvals']), 'approval')}, {plural(len(evidence['steps']), 'undo step')}; signed "
           f"by key {key_id(key.public_key())}")
     return 0
 
@@ -320,8 +320,8 @@ def cmd_ledger_verify(args: argparse.Namespace) -> int:
         evidence = verify(document, trust)
     except EvidenceError as exc:
         return fail(args, exc.code, f"{args.file}: {exc.code}: {exc.message}")
-    print(f"ok: evidence of ledger {evidence.get('ledger')} ({len(evidence.get('entries') or [])} "
-          f"entries), exported {evidence.get('exported')}, signed by key "
+    print(f"ok: evidence of ledger {evidence.get('ledger')} ({plural(len(evidence.get('entries') or []), 'entry', 'entries')}"
+          f"), exported {evidence.get('exported')}, signed by key "
           f"{document['signature']['key_id']}")
     return 0
 

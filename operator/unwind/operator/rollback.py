@@ -326,8 +326,8 @@ class _Pass:
         undo = sum(1 for s in steps if s["action"] in UNDOING)
         left = [s for s in steps if s["state"] == "left"]
         assert self.rb is not None
-        return (f"{count['lookup'] + undo} steps to run ({count['lookup']} lookups, {undo} undos), "
-                f"{len(left)} left behind, {self.rb['skipped']} with nothing to undo")
+        return (f"{_n(count['lookup'] + undo, 'step')} to run ({_n(count['lookup'], 'lookup')}, "
+                f"{_n(undo, 'undo')}), {len(left)} left behind, {self.rb['skipped']} with nothing to undo")
 
     def _replan_if_found(self) -> None:
         """Once every lookup is done and one found its effect, plan the undos again."""
@@ -565,7 +565,7 @@ class _Pass:
             self._event("Warning", DEGRADED, self._degraded_message(failed))
         elif any(s["state"] == "cancelled" for s in self.steps):
             self._event("Normal", Reason.CANCELLED, "the rollback was withdrawn: "
-                        f"{sum(1 for s in self.steps if s['state'] == 'cancelled')} steps did not run")
+                        f"{_n(sum(1 for s in self.steps if s['state'] == 'cancelled'), 'step')} did not run")
         elif self._live_outside():
             self._event("Normal", Reason.PARTIALLY_ROLLED_BACK, self._partial_message())
         else:
@@ -638,7 +638,7 @@ class _Pass:
                 else:
                     names = ", ".join(self._label(s) for s in running[:5]) or "none"
                     put(ROLLED_BACK, "False", Reason.IN_PROGRESS,
-                        f"{done} of {len(self.steps)} steps done; running: {names}")
+                        f"{done} of {_n(len(self.steps), 'step')} done; running: {names}")
         if failed:
             put(DEGRADED, "True", Reason.STEP_FAILED, self._degraded_message(failed))
         elif (get_condition(conds, DEGRADED) or {}).get("reason") != Reason.DECISIONS_WRITE_FAILED:
@@ -798,3 +798,8 @@ def _lookup_event(entry: Entry, result: dict[str, Any]) -> tuple[str, str, str]:
     if outcome == "not_found":
         return "Normal", "LostAnswerNotFound", f"entry {entry.id} ({entry.tool}): {result.get('reason')}"
     return "Warning", "LookupFailed", f"entry {entry.id} ({entry.tool}): {result.get('reason')}"
+
+
+def _n(count: int, word: str) -> str:
+    """``1 step``, ``2 steps``: a count in the right number."""
+    return f"{count} {word}{'' if count == 1 else 's'}"
