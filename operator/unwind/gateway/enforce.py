@@ -108,7 +108,6 @@ class Settings:
     max_entries: int | None = 10_000
 
 
-
 @dataclass
 class _Call:
     """What one call has established so far (for its report and its refusal record)."""
