@@ -62,13 +62,25 @@ def test_init_writes_a_manifest_and_a_test_that_pass_every_check(project: Path, 
     assert code == 1 and "already exists: not overwriting it" in err
 
 
-@pytest.mark.parametrize("effect", ["read_only", "idempotent"])
-def test_init_of_a_simple_tool_passes_every_check_too(project: Path, unwind: Run, effect: str) -> None:
+@pytest.mark.parametrize("effect", ["read_only", "idempotent", "reversible", "compensable", "irreversible"])
+def test_init_of_every_effect_passes_every_check_too(project: Path, unwind: Run, effect: str) -> None:
     assert unwind("init", "crm.get_contact", "--effect", effect)[0] == 0
+    text = (project / "manifests" / "crm.get-contact.yaml").read_text()
+    assert f"  effect: {effect}\n" in text
     for argv in (["validate", "manifests"], ["lint", "--strict", "manifests"],
                  ["test", "tests/contracts", "-m", "manifests"]):
         code, out, err = unwind(*argv)
         assert code == 0, (argv, out, err)
+        assert "not covered" not in out
+
+
+def test_init_offers_every_effect_a_manifest_can_declare(unwind: Run) -> None:
+    from unwind.cli.scaffold import EFFECTS
+    from unwind.manifest.model import Effect
+
+    assert set(EFFECTS) == {e.value for e in Effect}
+    code, out, _ = unwind("init", "--help")
+    assert code == 0 and "reversible" in out and "irreversible" in out
 
 
 def test_the_resource_schema_accepts_the_examples_and_refuses_a_typo(unwind: Run) -> None:

@@ -49,7 +49,7 @@ def keys(tmp_path: Path) -> tuple[Path, Path]:
 
 
 def export(ledger: Path, key: Path, out: Path) -> dict[str, Any]:
-    ran = unwind("ledger", "export", ledger, "--key", key, "-o", out)
+    ran = unwind("ledger", "export", ledger, "--key", key, "--file", out)
     assert ran.code == 0, ran.err
     return dict(json.loads(out.read_text()))
 
@@ -125,6 +125,6 @@ def test_an_evidence_signature_does_not_pass_for_a_manifest_signature(
 
 def test_exporting_a_ledger_that_is_neither_a_file_nor_reachable_says_so(
         keys: tuple[Path, Path], tmp_path: Path) -> None:
-    ran = unwind("ledger", "export", "no-such-run", "--key", keys[0], "-o", tmp_path / "ev.json",
+    ran = unwind("ledger", "export", "no-such-run", "--key", keys[0], "--file", tmp_path / "ev.json",
                  "--kubeconfig", str(tmp_path / "missing-kubeconfig"))
     assert ran.code == 1 and "no-such-run is not a file" in ran.err

@@ -359,8 +359,9 @@ def register(sub: Any) -> None:
                        "tests/contracts/<tool>.test.yaml to start from; never overwrites a file.")
     p.add_argument("tool", metavar="TOOL", help="the tool's name, e.g. billing.create_invoice")
     p.add_argument("--effect", default="read_only",
-                   choices=["read_only", "idempotent", "compensable"],
-                   help="compensable also writes its undo and read-back tools (default read_only)")
+                   choices=["read_only", "idempotent", "reversible", "compensable", "irreversible"],
+                   help="reversible and compensable also write their undo and read-back tools; "
+                   "irreversible asks for an approval of each call (default read_only)")
     p.add_argument("-n", "--namespace", default="default", help="the resources' namespace")
     p.add_argument("--dir", default=".", help="project folder (default .)")
     add_output_flags(p)

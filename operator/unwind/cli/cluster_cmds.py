@@ -175,6 +175,28 @@ def cmd_dev_image(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_dev_restart_operator(args: argparse.Namespace) -> int:
+    from ..controlplane.cluster import ControlPlaneError
+    from ..controlplane.dev import (
+        DEV_IMAGE,
+        OPERATOR_DEPLOYMENT,
+        OPERATOR_NAMESPACE,
+        restart_operator,
+    )
+    from ..controlplane.image import ImageError
+
+    try:
+        imported = restart_operator(Path(args.dir).resolve())
+    except (ControlPlaneError, ImageError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    image = (f"image {DEV_IMAGE} built again and imported" if imported
+             else f"image {DEV_IMAGE} unchanged")
+    print(f"restarted deployment/{OPERATOR_DEPLOYMENT} in {OPERATOR_NAMESPACE} ({image}); its pods "
+          "are Ready; the control plane, the node and what you applied were left as they were")
+    return 0
+
+
 def cmd_dev_down(args: argparse.Namespace) -> int:
     from ..controlplane.dev import down
 
@@ -269,6 +291,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--workers", type=int, default=4, help="pods run at once (default 4)")
     p.add_argument("--logs", default=None, help="keep each container's output in LOGS/NAMESPACE/POD/")
     p.set_defaults(func=cmd_dev_node)
+    p = dsub.add_parser("restart-operator", help="only the operator: rebuild the image if its "
+                        "inputs changed, import it into the node and restart the Deployment",
+                        description="Restart only the operator of the running dev cluster: the "
+                        "project's image is built again when the code or the Dockerfile changed "
+                        "(cached otherwise) and imported into the node's containerd, then "
+                        "deployment/unwind-operator is restarted and waited for. Nothing else stops.")
+    p.add_argument("--dir", default=".dev", help="working folder of `dev up` (default .dev)")
+    p.set_defaults(func=cmd_dev_restart_operator)
     p = dsub.add_parser("down", help="stop what `dev up` started")
     p.add_argument("--dir", default=".dev")
     p.set_defaults(func=cmd_dev_down)

@@ -129,8 +129,12 @@ def _edit(args: argparse.Namespace, paths: list[str], validator: NewProblems, op
         result = apply_to_paths(paths or ["."], op, *op_args, base_revision=args.base_revision,
                                 validator=validator, write=not args.dry_run)
     except FileNotFoundError as exc:
-        return _missing_path(exc, args.json)
-    return _report(result, args.json, args.dry_run, validator.kept)
+        return _missing_path(exc, _as_json(args))
+    return _report(result, _as_json(args), args.dry_run, validator.kept)
+
+
+def _as_json(args: argparse.Namespace) -> bool:
+    return bool(args.json) or args.output == "json"
 
 
 def cmd_rename(args: argparse.Namespace) -> int:
@@ -186,4 +190,6 @@ def _common(p: argparse.ArgumentParser) -> None:
                         "every positional argument is then a tool name)")
     p.add_argument("--base-revision", help="refuse with `stale` unless the files are at this revision")
     p.add_argument("--dry-run", action="store_true", help="report the change, write nothing")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("-o", "--output", choices=("text", "json"), default=None, metavar="FORMAT",
+                   help="output format: text or json (default text)")
+    p.add_argument("--json", action="store_true", help=argparse.SUPPRESS)  # deprecated: -o json

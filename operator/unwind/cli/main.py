@@ -31,8 +31,23 @@ def cmd_crds(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser(command: str | None = None) -> argparse.ArgumentParser:
-    parser = usage.Parser(prog="unwind", description=__doc__.splitlines()[0] if __doc__ else None)
+PLUGIN_HELP = ("`kubectl unwind`: decide on and inspect ToolManifest versions, approve calls "
+               "waiting in a run's ledger, and plan or roll back a run, in a cluster")
+PLUGIN_EPILOG = ("The other `unwind` commands work here too (validate, lint, test, gateway...); "
+                 "`unwind --help` lists them.")
+
+
+def plugin_mode(argv0: str) -> bool:
+    """Run as kubectl's plugin (the `kubectl-unwind` executable kubectl found on PATH)."""
+    return Path(argv0).name.startswith("kubectl-unwind")
+
+
+def build_parser(command: str | None = None, plugin: bool = False) -> argparse.ArgumentParser:
+    """`unwind`'s parser; as kubectl's plugin its help lists only the plugin's commands (the
+    others, such as `operator` or `undo-step`, still run: they are only not listed)."""
+    parser = usage.Parser(prog="kubectl unwind" if plugin else "unwind",
+                          description=PLUGIN_HELP if plugin else (__doc__.splitlines()[0] if __doc__ else None),
+                          epilog=PLUGIN_EPILOG if plugin else None)
     parser.add_argument("--version", action="version", version=f"unwind {__version__}")
     sub: Any = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     check_cmds.register(sub)
@@ -44,6 +59,8 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_crds)
 
     _register_optional(sub, command if command in _MODULE_COMMANDS else None)
+    if plugin:
+        sub._choices_actions[:] = [a for a in sub._choices_actions if a.dest in PLUGIN_LISTED]
     return parser
 
 
@@ -54,6 +71,8 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 PLUGIN_COMMANDS = ("approve", "deny", "history", "diff", "status")
 # Commands that take kubectl's flags before them too (plan and rollback of ledger/NAME).
 HOISTED = (*PLUGIN_COMMANDS, "plan", "rollback")
+# What `kubectl unwind --help` lists: the commands that act on a cluster through kubectl.
+PLUGIN_LISTED = (*HOISTED, "ledger")
 _MODULE_COMMANDS = {"keygen": ("registry_cmds",), "manifests": ("registry_cmds", "edit_cmds"),
                     "operator": ("cluster_cmds",), "dev": ("cluster_cmds",),
                     "rotate-signing-key": ("cluster_cmds",), "probe": ("cluster_cmds",),
@@ -96,7 +115,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = hoist_kube_flags(list(sys.argv[1:] if argv is None else argv), HOISTED)
     usage.ARGV[:] = argv
     command = next((a for a in argv if not a.startswith("-")), None)
-    parser = build_parser(command)
+    parser = build_parser(command, plugin=plugin_mode(sys.argv[0]))
     args, extra = parser.parse_known_args(argv)
     if extra:  # reported by the command's own parser, with its usage
         usage.chosen(parser, args).error(f"unrecognized arguments: {' '.join(extra)}")

@@ -26,11 +26,12 @@ MACHINE = ("json", "yaml")
 
 
 def add_output_flags(p: argparse.ArgumentParser, extra: Sequence[str] = ()) -> None:
-    """``-o/--output FORMAT`` (text, json, yaml, plus ``extra``) and ``--json`` for ``-o json``."""
+    """``-o/--output FORMAT`` (text, json, yaml, plus ``extra``); ``--json``, the older
+    spelling of ``-o json``, still works for existing scripts but is not shown in the help."""
     formats = ("text", *MACHINE, *extra)
     p.add_argument("-o", "--output", choices=formats, default=None, metavar="FORMAT",
                    help=f"output format: {', '.join(formats)} (default text)")
-    p.add_argument("--json", action="store_true", help="same as -o json")
+    p.add_argument("--json", action="store_true", help=argparse.SUPPRESS)  # deprecated: -o json
 
 
 def output_format(args: argparse.Namespace) -> str:

@@ -28,6 +28,7 @@ from ..operator.reconcile import Reason
 from ..operator.undojob import label_value
 from . import plugin_view as view
 from .kubectl import Kubectl, KubectlError, add_kube_flags
+from .output import output_format
 from .plugin_view import Target, UsageError
 
 COMMANDS = ("approve", "deny", "history", "diff", "status")
@@ -387,8 +388,9 @@ def cmd_cluster_plan(args: argparse.Namespace) -> int:
 
     target = view.parse_target(args.target, ("EffectLedger",))
     _, plan = _ledger_plan(Kubectl.from_args(args), target, args)
-    if args.json:
-        print(json.dumps(plan.to_json(), indent=2, ensure_ascii=False))
+    fmt = output_format(args)
+    if fmt != "text":
+        _emit(plan.to_json(), fmt)
     else:
         sys.stdout.write(format_plan(plan))
     return 0

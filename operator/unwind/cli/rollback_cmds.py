@@ -18,7 +18,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from .output import emit, fail, plural
+from .output import add_output_flags, emit, fail, output_format, plural
 
 DEFAULT_TERMINATION_LOG = "/dev/termination-log"
 
@@ -85,8 +85,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
         plan = make_plan(snap.name, snap.entries, versions, now=moment, selection=selection)
     except (SourceError, PlanError, ValueError) as exc:
         return fail(args, "plan", str(exc))
-    if args.json:
-        emit(plan.to_json())
+    if output_format(args) != "text":
+        emit(plan.to_json(), output_format(args))
     else:
         sys.stdout.write(format_plan(plan))
     return 0
@@ -281,6 +281,9 @@ def cmd_ledger_export(args: argparse.Namespace) -> int:
     from ..undo.evidence import build, signed
     from ..undo.sources import SourceError
 
+    out = _export_file(args)
+    if out is None:
+        return 2
     try:
         key = load_private_key(args.key)
         snap, rollbacks, source = _ledger_source(args)
@@ -291,14 +294,37 @@ def cmd_ledger_export(args: argparse.Namespace) -> int:
     evidence = build(snap, rollbacks, stamp(), source)
     document = signed(evidence, key)
     text = json.dumps(document, ensure_ascii=False, indent=1) + "\n"
-    try:
-        Path(args.out).write_text(text, encoding="utf-8")
-    except OSError as exc:
-        return fail(args, "write", f"cannot write {args.out}: {exc.strerror or exc}")
-    print(f"wrote {args.out}: ledger {snap.name}, {plural(len(evidence['entries']), 'entry', 'entries')}, "
+    if out == "-":
+        sys.stdout.write(text)
+    else:
+        try:
+            Path(out).write_text(text, encoding="utf-8")
+        except OSError as exc:
+            return fail(args, "write", f"cannot write {out}: {exc.strerror or exc}")
+    print(f"wrote {'standard output' if out == '-' else out}: ledger {snap.name}, {plural(len(evidence['entries']), 'entry', 'entries')}, "
           f"{plural(len(evidence['approvals']), 'approval')}, {plural(len(evidence['steps']), 'undo step')}; signed "
-          f"by key {key_id(key.public_key())}")
+          f"by key {key_id(key.public_key())}", file=sys.stderr if out == "-" else sys.stdout)
     return 0
+
+
+def _export_file(args: argparse.Namespace) -> str | None:
+    """Where `ledger export` writes: --file, else the deprecated -o/--out (with a note);
+    None after a usage error."""
+    if args.file and args.out:
+        print("error: give --file FILE only (-o/--out is its deprecated spelling)", file=sys.stderr)
+        return None
+    if args.out:
+        if args.out in ("json", "yaml", "text"):
+            print(f"error: -o {args.out}: ledger export always writes signed JSON; name the file with "
+                  "--file FILE (- for standard output)", file=sys.stderr)
+            return None
+        print("note: -o/--out FILE is deprecated for ledger export: use --file FILE (-o names an "
+              "output format in the other commands)", file=sys.stderr)
+        return str(args.out)
+    if not args.file:
+        print("error: say where to write the evidence: --file FILE (- for standard output)", file=sys.stderr)
+        return None
+    return str(args.file)
 
 
 def cmd_ledger_verify(args: argparse.Namespace) -> int:
@@ -356,14 +382,15 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                        "execution order, with the undo tool, residue, approval and why. "
                        "See docs/rollback.md.")
     _plan_flags(p)
-    p.add_argument("--json", action="store_true", help="the plan as JSON")
+    add_output_flags(p)  # -o json|yaml: the plan as one document
     add_kube_flags(p)
     p.set_defaults(func=cmd_plan)
 
-    p = sub.add_parser("rollback", help="run a run's undo plan locally, recording each outcome "
-                       "in the ledger file", description="Show the plan, ask (unless --yes), run "
-                       "its steps in order and record each in the ledger file; run again to "
-                       "resume. See docs/rollback.md.")
+    p = sub.add_parser("rollback", help="roll a run back: ledger/NAME in the cluster (the operator "
+                       "runs one Job per step), or a local ledger file", description="ledger/NAME: ask "
+                       "the operator to roll the run back (--reason, --watch). --ledger FILE: show the "
+                       "plan, ask (unless --yes), run its steps and record each in the ledger file; run "
+                       "again to resume. See docs/rollback.md.")
     _plan_flags(p)
     p.add_argument("--yes", action="store_true", help="run without asking (the plan is "
                    "printed first all the same)")
@@ -403,7 +430,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("ledger", metavar="NAME|FILE")
     p.add_argument("--key", required=True, metavar="KEY", help="the Ed25519 private key "
                    "(`unwind keygen PATH` makes PATH.key)")
-    p.add_argument("-o", "--out", required=True, metavar="OUT", help="the evidence file to write")
+    p.add_argument("-f", "--file", metavar="FILE", help="the evidence file to write (- for standard "
+                   "output)")
+    # deprecated: -o names an output format in every other command
+    p.add_argument("-o", "--out", dest="out", metavar="FILE", help=argparse.SUPPRESS)
     add_kube_flags(p)
     p.set_defaults(func=cmd_ledger_export)
     p = lsub.add_parser("verify", help="check an evidence file's digest and signature",

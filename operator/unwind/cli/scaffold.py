@@ -2,8 +2,9 @@
 
 What it writes passes `unwind validate`, `unwind lint --strict` and `unwind test` as it
 is, so the first CI run is green for the right reason; every value a person must decide
-is marked `# TODO`. A compensable tool comes with its undo (idempotent) and the read-only
-tool that reads the undo back, because a compensable manifest is not valid without them.
+is marked `# TODO`. A compensable or reversible tool comes with its undo (idempotent) and
+the read-only tool that reads the undo back, because such a manifest is not valid without
+them; an irreversible one asks for an approval of each call and evidence of the run.
 """
 
 from __future__ import annotations
@@ -41,24 +42,9 @@ IDEMPOTENT = _HEAD + """  description: Set one record to a given state.  # TODO:
   timeout_ms: 10s
 """
 
-COMPENSABLE = _HEAD + """  description: Create one record.  # TODO: one sentence on what it changes
-  effect: compensable
-  permission: {team}:write  # TODO: the scope a caller must hold
-  owner: [{team}-team@example.com]  # TODO: who to ask when it misbehaves
-  oncall: {team}-oncall
-  risk: {{data_class: internal, blast_radius: medium}}  # TODO
-  timeout_ms: 10s
-  idempotency: {{key: "{name}-{{{{args.request_id}}}}"}}  # TODO: what makes two calls the same
-  compensation:
-    tool: {undo}
-    kind: compensation
-    argument_map: {{id: $result.id}}  # TODO: what the undo needs, from the call and its answer
-    residue: [the record stays in the audit log]  # TODO: what a rollback leaves behind
-    verification:
-      tool: {read}
-      arguments: {{id: $result.id}}
-      expect: {{status: deleted}}  # TODO: what the read-back answers once undone
----
+# The undo tool (idempotent) and the read-only tool that reads the undo back, which a
+# compensable or reversible manifest names.
+_UNDO_AND_READ = """---
 apiVersion: unwind.dev/v1alpha1
 kind: ToolManifest
 metadata:
@@ -85,6 +71,56 @@ spec:
   permission: {team}:read
   owner: [{team}-team@example.com]
   timeout_ms: 5s
+"""
+
+COMPENSABLE = _HEAD + """  description: Create one record.  # TODO: one sentence on what it changes
+  effect: compensable
+  permission: {team}:write  # TODO: the scope a caller must hold
+  owner: [{team}-team@example.com]  # TODO: who to ask when it misbehaves
+  oncall: {team}-oncall
+  risk: {{data_class: internal, blast_radius: medium}}  # TODO
+  timeout_ms: 10s
+  idempotency: {{key: "{name}-{{{{args.request_id}}}}"}}  # TODO: what makes two calls the same
+  compensation:
+    tool: {undo}
+    kind: compensation
+    argument_map: {{id: $result.id}}  # TODO: what the undo needs, from the call and its answer
+    residue: [the record stays in the audit log]  # TODO: what a rollback leaves behind
+    verification:
+      tool: {read}
+      arguments: {{id: $result.id}}
+      expect: {{status: deleted}}  # TODO: what the read-back answers once undone
+""" + _UNDO_AND_READ
+
+REVERSIBLE = _HEAD + """  description: Create one record.  # TODO: one sentence on what it changes
+  effect: reversible
+  permission: {team}:write  # TODO: the scope a caller must hold
+  owner: [{team}-team@example.com]  # TODO: who to ask when it misbehaves
+  oncall: {team}-oncall
+  risk: {{data_class: internal, blast_radius: low}}  # TODO
+  timeout_ms: 10s
+  idempotency: {{key: "{name}-{{{{args.request_id}}}}"}}  # TODO: what makes two calls the same
+  compensation:
+    tool: {undo}
+    kind: inverse
+    argument_map: {{id: $result.id}}  # TODO: what the inverse needs, from the call and its answer
+    deadline: {{within_ms: 1d}}  # TODO: how long the inverse stays possible
+    verification:
+      tool: {read}
+      arguments: {{id: $result.id}}
+      expect: {{found: false}}  # TODO: what the read-back answers once undone
+""" + _UNDO_AND_READ
+
+IRREVERSIBLE = _HEAD + """  description: Send one message.  # TODO: one sentence on what cannot be taken back
+  effect: irreversible
+  permission: {team}:send  # TODO: the scope a caller must hold
+  owner: [{team}-team@example.com]  # TODO: who to ask when it misbehaves
+  oncall: {team}-oncall
+  risk: {{data_class: internal, blast_radius: high}}  # TODO
+  timeout_ms: 10s
+  idempotency: {{key: "{name}-{{{{args.request_id}}}}"}}  # TODO: what makes two calls the same
+  approval: {{roles: [{team}-leads]}}  # TODO: who approves each call before it runs
+  audit: {{evidence_export: required}}
 """
 
 READ_TEST = """# Contract tests for {tool}: `unwind test tests/contracts -m manifests`.
@@ -122,6 +158,48 @@ tests:
 """
 
 
+REVERSIBLE_TEST = """# Contract tests for {tool}: `unwind test tests/contracts -m manifests`.
+tests:
+  - name: {tool} is undone by its inverse {undo} with the id it returned (compensate, in a contract test)
+    tool: {tool}
+    args: {{request_id: q-1}}  # TODO: a realistic call
+    result: {{id: r-1}}  # TODO: a realistic answer
+    expect_plan: compensate
+    expect_handle: {{id: r-1}}
+    expect_verification: {{id: r-1}}
+    verify_with: {{found: false}}
+  - name: the same {tool} call twice is refused as a duplicate
+    tool: {tool}
+    args: {{request_id: q-1}}
+    result: {{id: r-1}}
+    expect_duplicate: true
+  - name: {undo} is safe to repeat
+    tool: {undo}
+    args: {{id: r-1}}
+    expect_plan: skip
+  - name: {read} changes nothing
+    tool: {read}
+    args: {{id: r-1}}
+    expect_plan: skip
+"""
+
+IRREVERSIBLE_TEST = """# Contract tests for {tool}: `unwind test tests/contracts -m manifests`.
+tests:
+  - name: {tool} cannot be taken back (unrecoverable), so a rollback leaves it and says so
+    tool: {tool}
+    args: {{request_id: q-1}}  # TODO: a realistic call
+    result: {{id: m-1}}  # TODO: a realistic answer
+    expect_plan: unrecoverable
+  - name: the same {tool} call twice is refused as a duplicate
+    tool: {tool}
+    args: {{request_id: q-1}}
+    result: {{id: m-1}}
+    expect_duplicate: true
+"""
+
+EFFECTS = ("read_only", "idempotent", "reversible", "compensable", "irreversible")
+
+
 def scaffold(tool: str, effect: str, namespace: str, root: Path) -> dict[Path, str]:
     """{path: text} of the files to write; ValueError for a bad name, FileExistsError when
     a file is already there (nothing is overwritten)."""
@@ -135,8 +213,10 @@ def scaffold(tool: str, effect: str, namespace: str, root: Path) -> dict[Path, s
     undo, read = f"{tool}.undo", f"{tool}.get"
     values = {"tool": tool, "name": name, "namespace": namespace, "team": team, "undo": undo,
               "read": read, "undo_name": k8s_name(undo), "read_name": k8s_name(read)}
-    template = {"read_only": READ_ONLY, "idempotent": IDEMPOTENT, "compensable": COMPENSABLE}[effect]
-    test = COMPENSABLE_TEST if effect == "compensable" else READ_TEST
+    template = {"read_only": READ_ONLY, "idempotent": IDEMPOTENT, "reversible": REVERSIBLE,
+                "compensable": COMPENSABLE, "irreversible": IRREVERSIBLE}[effect]
+    test = {"reversible": REVERSIBLE_TEST, "compensable": COMPENSABLE_TEST,
+            "irreversible": IRREVERSIBLE_TEST}.get(effect, READ_TEST)
     values["why"] = "changes nothing" if effect == "read_only" else "is safe to repeat"
     files = {root / "manifests" / f"{name}.yaml": template.format(**values),
              root / "tests" / "contracts" / f"{name}.test.yaml": test.format(**values)}

@@ -428,6 +428,28 @@ def start_node(kubeconfig: Path, workdir: Path) -> subprocess.Popen[bytes]:
                                 stdin=subprocess.DEVNULL, env=env, start_new_session=True)
 
 
+def restart_operator(workdir: Path, *, images: Any = None, timeout: float = 240) -> list[Path]:
+    """Only the operator, on the dev cluster running from workdir: the project's image built
+    again when its inputs changed (the operator's code, the Dockerfile...; cached otherwise)
+    and imported into the node's containerd as the same ``unwind:dev``, then the chart's
+    Deployment restarted (``kubectl rollout restart``) and waited for until each of its pods
+    runs a container started now, Ready. The control plane, the node, the upstream and
+    everything applied stay as they are. Returns the archives imported (none: the image had
+    not changed)."""
+    from .image import ensure_images, import_images
+
+    cluster = workdir / "cluster"
+    if not running_in_dir(cluster):
+        raise ControlPlaneError(f"no dev cluster runs from {workdir}: start one with `unwind dev up`")
+    imported = import_images(str(kubenode.NodeDirs(cluster / "node").containerd_socket),
+                             images if images is not None else ensure_images())
+    kubeconfig = cluster / "kubeconfig"
+    since = time.time()
+    kubectl(kubeconfig, "-n", OPERATOR_NAMESPACE, "rollout", "restart", f"deployment/{OPERATOR_DEPLOYMENT}")
+    wait_operator(kubeconfig, since, timeout)
+    return imported
+
+
 def down(workdir: Path) -> bool:
     stopped = False
     for stem in DAEMONS:
