@@ -142,6 +142,12 @@ CASES = [
      "replaced_by", "only a deprecated tool names a replacement"),
     ("an upstream names exactly one target", with_(upstream={"method": "POST"}),
      "upstream", "give exactly one of url or mcp"),
+    ("a placeholder in the upstream URL's host is refused (the agent would choose where "
+     "the tool's credentials go)", with_(upstream={"url": "http://{{args.host}}/x"}),
+     "upstream.url", "write the host in the manifest"),
+    ("a single-brace {id} in the upstream URL is refused with the double-brace form",
+     with_(upstream={"url": "https://api.example.com/orders/{id}"}),
+     "upstream.url", "write {{args.id}}"),
     ("an unknown field is refused with a suggestion", with_(permision="x"),
      "permision", "unknown field 'permision' (did you mean 'permission'?)"),
     ("an unknown nested field is refused", with_(compensation__argumnt_map={}),
@@ -294,3 +300,22 @@ def test_a_rule_about_a_field_that_failed_is_not_reported_twice() -> None:
             "compensation": {"tool": "shop.refund", "argument_map": "nope"}}
     _, issues = validate_manifest(data)
     assert [i.path for i in issues] == ["compensation.argument_map"]
+
+
+@pytest.mark.parametrize("url", [
+    "http://{{args.host}}/x",
+    "https://api.example.com{{args.suffix}}/x",  # .evil.example would extend the host
+    "https://api.example.com:{{args.port}}/x",
+    "https://{{args.user}}@api.example.com/x",
+    "{{args.scheme}}://api.example.com/x",
+])
+def test_an_agent_cannot_send_the_tools_credentials_to_a_host_it_chooses(url: str) -> None:
+    data = with_(upstream={"url": url, "headers": {"Authorization": {
+        "secretKeyRef": {"name": "shop", "key": "token"}}}})
+    assert [path for path, _ in issues_of(data)] == ["upstream.url"], issues_of(data)
+
+
+def test_placeholders_in_the_path_and_query_values_stay_allowed() -> None:
+    data = with_(upstream={"url": "https://api.example.com/orders/{{args.order_id}}?"
+                           "expand={{args.expand}}"})
+    assert issues_of(data) == []

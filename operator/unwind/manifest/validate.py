@@ -269,6 +269,51 @@ def upstream_has_one_target(m: ToolManifest) -> Iterator[Finding]:
         yield "upstream.url", f"{u.url!r} must be an http:// or https:// URL"
 
 
+_SINGLE_BRACE = re.compile(r"(?<!\{)\{\s*([A-Za-z_][A-Za-z0-9_.-]*)\s*\}(?!\})")
+_URL_MARK = "\x00"
+
+
+def _split_template(url: str) -> tuple[str, str, str]:
+    """(scheme://, authority, rest) of a URL template, its ``{{...}}`` placeholders kept in
+    the part where they stand (a placeholder is masked while the parts are found, so a '/'
+    or '?' inside one does not end the authority)."""
+    masked = _PLACEHOLDER.sub(lambda m: _URL_MARK * len(m.group(0)), url)
+    start = masked.find("://") + 3 if "://" in masked else 0
+    end = next((i for i in range(start, len(masked)) if masked[i] in "/?#"), len(masked))
+    return url[:start], url[start:end], url[end:]
+
+
+def upstream_url_host_is_fixed(m: ToolManifest) -> Iterator[Finding]:
+    """A placeholder may fill only the path and the query's values, never the scheme, host
+    or port: an agent's argument would otherwise choose the server that receives the call
+    and the credentials the manifest's headers attach to it."""
+    url = m.upstream.url if m.upstream else None
+    if url is None or not url.startswith(("http://", "https://")):
+        return  # upstream_has_one_target says so
+    scheme, authority, _ = _split_template(url)
+    found = _PLACEHOLDER.search(scheme + authority)
+    if found is not None:
+        yield "upstream.url", (
+            f"the placeholder {found.group(0)} stands before the path (in the scheme, host or "
+            "port): a call's arguments would choose the server that receives the call and the "
+            "tool's credentials; write the host in the manifest, and use placeholders only for "
+            "path segments and query values (https://api.example.com/items/{{args.id}})")
+
+
+def upstream_url_placeholders_have_two_braces(m: ToolManifest) -> Iterator[Finding]:
+    """``{id}`` (the OpenAPI form) is not a placeholder: the gateway would send the braces
+    as written, to a path that does not exist."""
+    url = m.upstream.url if m.upstream else None
+    if url is None:
+        return
+    masked = _PLACEHOLDER.sub(lambda x: _URL_MARK * len(x.group(0)), url)
+    for match in _SINGLE_BRACE.finditer(masked):
+        name = match.group(1)
+        arg = name.removeprefix("args.")
+        yield "upstream.url", (f"{match.group(0)} is not a placeholder (the gateway would send "
+                               f"the braces as written): write {{{{args.{arg}}}}}")
+
+
 MANIFEST_RULES: tuple[Rule, ...] = (
     tool_name_is_well_formed,
     permission_has_no_whitespace,
@@ -288,6 +333,8 @@ MANIFEST_RULES: tuple[Rule, ...] = (
     lookup_by_key_needs_idempotency,
     replaced_by_only_when_deprecated,
     upstream_has_one_target,
+    upstream_url_host_is_fixed,
+    upstream_url_placeholders_have_two_braces,
 )
 
 
