@@ -6,7 +6,7 @@ from __future__ import annotations
 import copy
 import difflib
 from dataclasses import dataclass, field, replace
-from typing import Any, get_args
+from typing import Any, get_args, get_origin
 
 from pydantic import BaseModel, ValidationError
 
@@ -96,13 +96,19 @@ _RENAMED = {"status": "lifecycle: draft, approved or deprecated (status belongs 
 
 
 def _unknown_field(loc: tuple[str | int, ...], known: list[str], model: type[BaseModel]) -> str:
-    """Why a field is unknown, and the likely fix: a field of another level (mis-indented:
-    say under which key it belongs), a spelling mistake (the closest name), or neither."""
+    """Why a field is unknown, and the likely fix: a field one indentation step away (written
+    too deep, or beside the block it belongs in: say where to move it), a spelling mistake
+    (the closest name this level has), or neither (the names this level takes).
+
+    Only a move an indentation change can make is suggested: a field of an enclosing level,
+    or of a block directly inside this one. ``upstream.mcp.name`` is not told that ``name``
+    "belongs under" some unrelated block that happens to have a field of that name."""
     name = str(loc[-1]) if loc else "?"
-    parent = [p for p in loc[:-1] if isinstance(p, str)]
+    parent = tuple(p for p in loc[:-1] if isinstance(p, str))
     if not parent and name in _RENAMED:
         return f"unknown field {name!r}: write {_RENAMED[name]}"
-    places = sorted({p for p in _field_places(model).get(name, []) if p != tuple(parent)})
+    places = sorted({p for p in _field_places(model).get(name, [])
+                     if p != parent and (parent[:len(p)] == p or p[:-1] == parent)})
     if places:
         under = [".".join(p) for p in places if p]
         shown = ", ".join(under[:3]) + (f" (or {len(under) - 3} more places)" if len(under) > 3 else "")
@@ -110,13 +116,42 @@ def _unknown_field(loc: tuple[str | int, ...], known: list[str], model: type[Bas
                             + (["at the top level of the manifest"] if () in places else []))
         return (f"unknown field {name!r} here: {name} belongs {where}; move it there (check "
                 "its indentation), or remove it")
-    close = difflib.get_close_matches(name, known, n=1)
-    hint = f" (did you mean {close[0]!r}?)" if close and close[0] != name else ""
-    return f"unknown field {name!r}{hint}: remove it or fix its spelling"
+    here = _model_at(model, parent)
+    local = sorted(here.model_fields) if here is not None else known
+    close = difflib.get_close_matches(name, local, n=1)
+    if close and close[0] != name:
+        return f"unknown field {name!r} (did you mean {close[0]!r}?): remove it or fix its spelling"
+    takes = (f" ({'.'.join(parent)} takes: {', '.join(local)})"
+             if here is not None and parent and len(local) <= 10 else "")
+    return f"unknown field {name!r}: remove it or fix its spelling{takes}"
+
+
+def _is_mapping(annotation: Any) -> bool:
+    """A field whose value is a mapping of free keys (``headers``): its keys are not fields."""
+    if get_origin(annotation) is dict:
+        return True
+    return any(_is_mapping(arg) for arg in get_args(annotation))
+
+
+def _model_at(model: type[BaseModel], parent: tuple[str, ...]) -> type[BaseModel] | None:
+    """The model of the block at ``parent`` (free mapping keys skipped), or None."""
+    current: type[BaseModel] | None = model
+    free_key = False
+    for seg in parent:
+        if current is not None and seg in current.model_fields:
+            annotation = current.model_fields[seg].annotation
+            subs = _model_args(annotation)
+            current, free_key = (subs[0] if subs else None), _is_mapping(annotation)
+        elif free_key:
+            free_key = False  # a key of the mapping (a header's name)
+        else:
+            return None
+    return None if free_key else current
 
 
 def _field_places(model: type[BaseModel]) -> dict[str, list[tuple[str, ...]]]:
-    """Field name -> the parent paths where a field of that name is allowed."""
+    """Field name -> the parent paths where a field of that name is allowed (not counting
+    the fields of values inside free mappings such as ``headers``)."""
     cached = _PLACES.get(model)
     if cached is not None:
         return cached
@@ -130,7 +165,8 @@ def _field_places(model: type[BaseModel]) -> dict[str, list[tuple[str, ...]]]:
         seen.add(current)
         for name, info in current.model_fields.items():
             places.setdefault(name, []).append(path)
-            todo.extend((sub, (*path, name)) for sub in _model_args(info.annotation))
+            if not _is_mapping(info.annotation):
+                todo.extend((sub, (*path, name)) for sub in _model_args(info.annotation))
     _PLACES[model] = places
     return places
 
