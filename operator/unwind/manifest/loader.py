@@ -200,11 +200,45 @@ def parse_documents(text: str, file: str | None) -> Iterator[tuple[yaml.Node, An
         loader.dispose()
 
 
-def syntax_issue(exc: yaml.YAMLError, file: str | None) -> Issue:
+def syntax_issue(exc: yaml.YAMLError, file: str | None, text: str | None = None) -> Issue:
     mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
     problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-    return Issue(None, "", f"YAML syntax error: {problem}", file=file,
-                 line=mark.line + 1 if mark is not None else None)
+    line = mark.line + 1 if mark is not None else None
+    hint = _flow_reference_hint(exc, text)
+    if hint is not None:
+        return Issue(None, "", hint, file=file, line=line)
+    return Issue(None, "", f"YAML syntax error: {problem}", file=file, line=line)
+
+
+# A reference ending right where a flow collection met a '[' it read as a list's start.
+_CUT_REFERENCE = re.compile(r"([\w-]+\s*:\s*)?(\$(?:args|result|before|key)[\w.\-\[\]*?]*)$")
+_REFERENCE_REST = re.compile(r"(?:[\w.\-*?]|\[[^\]\s,{}]*\])*")
+
+
+def _flow_reference_hint(exc: yaml.YAMLError, text: str | None) -> str | None:
+    """A reference with ``[n]`` or ``[*]`` written unquoted inside a flow mapping or list
+    (``{id: $result.items[0].id}``): YAML reads the ``[`` as the start of a list, so the
+    line fails to parse (or, in other YAML readers, becomes a list). Say to quote it."""
+    mark = getattr(exc, "problem_mark", None)
+    problem = str(getattr(exc, "problem", "") or "")
+    if text is None or mark is None or "expected ','" not in problem:
+        return None
+    lines = text.splitlines()
+    if not 0 <= mark.line < len(lines):
+        return None
+    row = lines[mark.line]
+    if row[mark.column:mark.column + 1] != "[":
+        return None
+    cut = _CUT_REFERENCE.search(row[:mark.column])
+    if cut is None:
+        return None
+    rest = _REFERENCE_REST.match(row, mark.column)
+    ref = cut.group(2) + (rest.group(0) if rest else "")
+    key = (cut.group(1) or "").strip()
+    written = f'{key} "{ref}"' if key else f'"{ref}"'
+    return (f"YAML syntax error: the reference {ref} is unquoted inside a flow mapping or list "
+            "({...} or [...]), where YAML reads its '[' as the start of a list: quote it "
+            f"({written}), or write the mapping in block style")
 
 
 def documents(text: str, file: str | None) -> Iterator[tuple[yaml.Node, Any] | Issue]:
@@ -217,13 +251,13 @@ def documents(text: str, file: str | None) -> Iterator[tuple[yaml.Node, Any] | I
     except yaml.YAMLError as exc:
         parts = _split_documents(text)
         if len(parts) < 2:
-            yield syntax_issue(exc, file)
+            yield syntax_issue(exc, file, text)
             return
         for start, part in parts:
             try:
                 yield from parse_documents("\n" * start + part, file)
             except yaml.YAMLError as part_exc:
-                yield syntax_issue(part_exc, file)
+                yield syntax_issue(part_exc, file, "\n" * start + part)
         return
     yield from parsed
 
