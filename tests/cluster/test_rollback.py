@@ -10,6 +10,7 @@ import io
 import json
 import random
 import time
+import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -25,6 +26,10 @@ from unwind.cli.main import main
 from unwind.controlplane import ControlPlane
 from unwind.controlplane.dev import OperatorProcess, kubectl
 from unwind.controlplane.node import Node, unwind_pod
+from unwind.ledger.approvals import ApprovalRules
+from unwind.ledger.clusterstore import compact_entry
+from unwind.ledger.decide import record
+from unwind.ledger.entry import Entry
 from unwind.operator.rollback_world import (
     Upstream,
     create_ledger,
@@ -221,16 +226,17 @@ def demo_objects(namespace: str) -> list[dict[str, Any]]:
 
 
 def approved_agent_run(api: client.ApiClient, kubeconfigs: list[Path], namespace: str, pod: str, entry: str,
-                       logs: Path) -> str:
-    """Approve ``entry`` (a charge: two finance users) once the agent waits for it, then
-    wait for the agent's pod to end; what the agent said."""
+                       logs: Path, reasons: tuple[str | None, ...] = ("ok", "ok")) -> str:
+    """Approve ``entry`` (a charge: two finance users, each with its reason or none) once
+    the agent waits for it, then wait for the agent's pod to end; what the agent said."""
     core = client.CoreV1Api(api)
     wait_for(f"{entry} awaiting approval", lambda: any(
         e["id"] == entry and e["state"] == "awaiting_approval"
         for e in ((ledger_or_none(api, namespace, pod) or {}).get("status") or {}).get("entries", [])),
         timeout=90)
-    for kubeconfig in kubeconfigs:
-        approved = plugin(kubeconfig, namespace, "approve", f"ledger/{pod}", "--entry", entry, "--reason", "ok")
+    for kubeconfig, reason in zip(kubeconfigs, reasons, strict=True):
+        approved = plugin(kubeconfig, namespace, "approve", f"ledger/{pod}", "--entry", entry,
+                          *(("--reason", reason) if reason else ()))
         assert approved.code == 0, approved.err
     phase = wait_for(f"pod {pod} finished", lambda: (p := core.read_namespaced_pod(pod, namespace).status.phase)
                      in ("Succeeded", "Failed") and p, timeout=120)
@@ -248,8 +254,9 @@ def test_the_demo_agent_calls_through_its_injected_gateway_and_its_run_is_rolled
               extra_env={"PYTHONPATH": str(ROOT / "operator")}):
         demo = demo_objects(namespace)
         apply(kubeconfig, namespace, *demo)
-        # the charge needs two approvals of group finance; the agent repeats it until then
-        said = approved_agent_run(k8s_api, finance, namespace, "demo-run", "charge-1", logs)
+        # the charge needs two approvals of group finance; the agent repeats it until then.
+        # dave gives no reason (issue 18: that decision used to wedge every rollback of the namespace)
+        said = approved_agent_run(k8s_api, finance, namespace, "demo-run", "charge-1", logs, ("refund ok", None))
         assert "stripe.create_charge: 428 approval_required" in said
         assert "stripe.create_charge: 200 compensable, ledger demo-run entry charge-1; undo: compensate stripe.refund" in said
         assert "github.create_comment: 200 reversible, ledger demo-run entry comment-1; " \
@@ -293,6 +300,8 @@ def test_the_demo_agent_calls_through_its_injected_gateway_and_its_run_is_rolled
         assert "stripe.create_charge: 200 compensable, ledger demo-run-2 entry charge-2" in said
     assert conditions(obj)["RolledBack"]["status"] == "True"
     assert {e["state"] for e in obj["status"]["entries"]} == {"undone"}
+    charge = next(e for e in obj["status"]["entries"] if e["id"] == "charge-1")
+    assert {d["user"]: d.get("reason") for d in charge["approval"]["decisions"]} == {"carol": "refund ok", "dave": None}
     assert obj["status"]["rollback"]["requestedBy"]["user"] == "bob"
     assert obj["metadata"]["annotations"]["unwind.dev/rollback-by"] == "bob"
     wide = kubectl(control_plane.kubeconfig, "-n", namespace, "get", "ledger", "demo-run", "-o", "wide").split("\n")
@@ -459,3 +468,210 @@ def test_a_step_whose_undo_requires_approval_waits_for_an_approval_of_its_entry(
     assert step["approved_by"]["user"] == "carol"
     assert entries(obj)["i-1"]["undo"]["approved_by"]["user"] == "carol"
     assert upstream.request("GET", f"/issues/{issue['number']}")["state"] == "closed"
+
+
+# ---- issue 18: a decision without a reason, one ledger's failure, a partial rollback -------
+
+FINANCE = ApprovalRules(roles=("finance",), quorum=2, timeout_ms=None, on_timeout="deny", escalate_to=())
+
+
+def write_entries(api: client.ApiClient, namespace: str, name: str, entries: list[dict[str, Any]]) -> None:
+    """Replace the ledger's entries as the gateway writes them (conditional on what was read)."""
+    custom: Any = client.CustomObjectsApi(api)
+    obj = custom.get_namespaced_custom_object(GROUP, VERSION, namespace, "effectledgers", name)
+    obj["status"] = {**obj.get("status", {}), "entries": entries, "entryCount": len(entries),
+                     "lastState": entries[-1]["state"]}
+    custom.replace_namespaced_custom_object_status(GROUP, VERSION, namespace, "effectledgers", name, obj)
+
+
+def test_a_charge_approved_by_two_finance_users_one_without_a_reason_is_rolled_back_and_refunded(
+        tools: dict[str, Any], upstream: Upstream, kubelet: Node, control_plane: ControlPlane,
+        k8s_api: client.ApiClient, namespace: str) -> None:
+    m, digest = tools["stripe.create_charge"]
+    args = {"order_id": "o8", "amount": 1200, "card_token": "tok_visa"}
+    waiting = make_entry(m, digest, "charge-1", 1, args, None, state="awaiting_approval", key="charge-o8")
+    waiting = waiting.model_copy(update={"handle": None, "approval": record(FINANCE, "kubernetes")})
+    create_ledger(k8s_api, namespace, "checkout-8", [])
+    write_entries(k8s_api, namespace, "checkout-8", [compact_entry(waiting.to_json())])  # as the gateway writes it
+    for user, reason in (("carol", ("--reason", "the customer asked")), ("dave", ())):
+        approved = plugin(control_plane.user_kubeconfig(user), namespace, "approve", "ledger/checkout-8",
+                          "--entry", "charge-1", *reason)
+        assert approved.code == 0, approved.err
+    decided = wait_for("approved by two finance users", lambda: (e := entries(ledger(k8s_api, namespace, "checkout-8"))
+                                                                 ["charge-1"]) and e["approval"]["state"] == "approved" and e)
+    assert [d.get("reason") for d in decided["approval"]["decisions"]] == ["the customer asked", None]
+    # the agent repeats the call: the gateway runs it and records the answer, decisions kept
+    charge = effect(upstream, "stripe.create_charge", args, "charge-o8")
+    ran = make_entry(m, digest, "charge-1", 1, args, charge, key="charge-o8")
+    ran = ran.model_copy(update={"approval": Entry.model_validate(decided).approval})
+    write_entries(k8s_api, namespace, "checkout-8", [compact_entry(ran.to_json())])
+
+    rolled = plugin(control_plane.kubeconfig, namespace, "rollback", "ledger/checkout-8", "--reason",
+                    "charged twice", "--watch", "--timeout", "120s")
+    assert rolled.code == 0, rolled.out + rolled.err
+    assert "ledger/checkout-8: rolled back" in rolled.out
+    obj = ledger(k8s_api, namespace, "checkout-8")
+    assert conditions(obj)["RolledBack"]["status"] == "True" and obj["status"]["live"] == 0
+    assert entries(obj)["charge-1"]["state"] == "undone"
+    assert "reason" not in entries(obj)["charge-1"]["approval"]["decisions"][1]
+    assert upstream.request("GET", f"/charges?charge_id={charge['id']}")["refunded"] is True
+
+
+class Refuser:
+    """A validating webhook refusing (422) each status update that carries a rollback, of the
+    EffectLedgers labelled ``test.unwind.dev/refuse``: a ledger whose plan the API server will
+    not store, as it refused the reason-less decision of issue 18."""
+
+    LABEL = "test.unwind.dev/refuse"
+
+    def __init__(self, api: client.ApiClient, work: Path) -> None:
+        import base64
+        import datetime as dt
+        import http.server
+        import ssl
+        import threading
+
+        from unwind.operator.certs import issue, new_ca
+
+        now = dt.datetime.now(dt.UTC)
+        ca, ca_key = new_ca(now, dt.timedelta(hours=1))
+        cert, key = issue(ca, ca_key, ["127.0.0.1"], now, dt.timedelta(hours=1))
+        (work / "tls.crt").write_text(cert)
+        (work / "tls.key").write_text(key)
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                review = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                request = review["request"]
+                refuse = "rollback" in ((request.get("object") or {}).get("status") or {})
+                answer: dict[str, Any] = {"uid": request["uid"], "allowed": not refuse}
+                if refuse:
+                    answer["status"] = {"code": 422, "message": "status.entries.approval.decisions.reason: "
+                                                                'Invalid value: "null" (the test refuses it)'}
+                body = json.dumps({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+                                   "response": answer}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        tls.load_cert_chain(work / "tls.crt", work / "tls.key")
+        self.server.socket = tls.wrap_socket(self.server.socket, server_side=True)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.api, self.name = client.AdmissionregistrationV1Api(api), f"test-refuse-{uuid.uuid4().hex[:10]}"
+        self.api.create_validating_webhook_configuration({
+            "metadata": {"name": self.name},
+            "webhooks": [{"name": "refuse.test.unwind.dev", "admissionReviewVersions": ["v1"],
+                          "sideEffects": "None", "failurePolicy": "Ignore", "timeoutSeconds": 5,
+                          "clientConfig": {"url": f"https://127.0.0.1:{self.server.server_address[1]}/",
+                                           "caBundle": base64.b64encode(ca.encode()).decode()},
+                          "objectSelector": {"matchLabels": {self.LABEL: "status"}},
+                          "rules": [{"apiGroups": [GROUP], "apiVersions": [VERSION], "operations": ["UPDATE"],
+                                     "resources": ["effectledgers/status"], "scope": "Namespaced"}]}]})
+
+    def label(self, api: client.ApiClient, namespace: str, name: str) -> None:
+        client.CustomObjectsApi(api).patch_namespaced_custom_object(
+            GROUP, VERSION, namespace, "effectledgers", name, {"metadata": {"labels": {self.LABEL: "status"}}})
+
+    def ready(self, api: client.ApiClient, namespace: str) -> None:
+        """Wait until the API server calls the webhook: a probe ledger's rollback is refused."""
+        create_ledger(api, namespace, "probe", [])
+        self.label(api, namespace, "probe")
+
+        def refused() -> bool:
+            custom: Any = client.CustomObjectsApi(api)
+            obj = custom.get_namespaced_custom_object(GROUP, VERSION, namespace, "effectledgers", "probe")
+            obj["status"]["rollback"] = {"request": {"requested": False}, "generation": 1, "planned": "2026-01-01T00:00:00Z"}
+            try:
+                custom.replace_namespaced_custom_object_status(GROUP, VERSION, namespace, "effectledgers", "probe", obj)
+            except client.ApiException as exc:
+                return exc.status == 422
+            return False
+        wait_for("the refusing webhook called", refused)
+
+    def stop(self) -> None:
+        with contextlib.suppress(client.ApiException):
+            self.api.delete_validating_webhook_configuration(self.name)
+        self.server.shutdown()
+
+
+@pytest.fixture
+def refuser(k8s_api: client.ApiClient, namespace: str, tmp_path: Path) -> Iterator[Refuser]:
+    r = Refuser(k8s_api, tmp_path)
+    try:
+        r.ready(k8s_api, namespace)
+        yield r
+    finally:
+        r.stop()
+
+
+def events_of(api: client.ApiClient, namespace: str, name: str) -> list[Any]:
+    return list(client.CoreV1Api(api).list_namespaced_event(namespace, field_selector=f"involvedObject.name={name}").items)
+
+
+def test_a_ledger_whose_status_the_api_server_refuses_never_holds_up_another_rollback_in_its_namespace(
+        tools: dict[str, Any], upstream: Upstream, kubelet: Node, control_plane: ControlPlane,
+        k8s_api: client.ApiClient, namespace: str, refuser: Refuser) -> None:
+    charges = {}
+    for name in ("checkout-8", "checkout-9"):
+        run = Run(upstream, tools)
+        charges[name] = run.call("pay-1", "stripe.create_charge", {"order_id": name, "amount": 900}, key=f"charge-{name}")
+        create_ledger(k8s_api, namespace, name, run.entries)
+    refuser.label(k8s_api, namespace, "checkout-8")
+
+    broken = plugin(control_plane.kubeconfig, namespace, "rollback", "ledger/checkout-8", "--reason", "refund",
+                    "--watch", "--timeout", "90s")
+    assert broken.code == 1, broken.out + broken.err
+    assert "ledger/checkout-8: not rolled back: StatusWriteFailed: the API server refused this ledger's status "            "(422" in broken.out, broken.out + broken.err
+    assert "is the operator running" not in broken.out + broken.err
+    # the other ledger of the namespace is rolled back while that one keeps failing
+    fine = plugin(control_plane.kubeconfig, namespace, "rollback", "ledger/checkout-9", "--reason", "refund",
+                  "--watch", "--timeout", "120s")
+    assert fine.code == 0, fine.out + fine.err
+    assert upstream.request("GET", f"/charges?charge_id={charges['checkout-9']['id']}")["refunded"] is True
+    obj = ledger(k8s_api, namespace, "checkout-8")
+    assert (conditions(obj)["Degraded"]["status"], conditions(obj)["Degraded"]["reason"]) == ("True", "StatusWriteFailed")
+    assert conditions(obj)["RolledBack"]["reason"] == "StatusWriteFailed"
+    assert "the test refuses it" in conditions(obj)["Degraded"]["message"]
+    assert [e.reason for e in events_of(k8s_api, namespace, "checkout-8")].count("StatusWriteFailed") == 1
+    assert upstream.request("GET", f"/charges?charge_id={charges['checkout-8']['id']}")["refunded"] is False
+
+    refuser.stop()  # the cause goes away: the ledger's own retry (or the timer) rolls it back
+    done = wait_for("checkout-8 rolled back", lambda: (o := ledger(k8s_api, namespace, "checkout-8"))
+                    and conditions(o).get("RolledBack", {}).get("status") == "True" and o, timeout=180)
+    assert conditions(done)["Degraded"]["status"] == "False"
+    assert upstream.request("GET", f"/charges?charge_id={charges['checkout-8']['id']}")["refunded"] is True
+
+
+def test_a_rollback_of_one_entry_reads_partially_rolled_back_and_get_ledger_shows_what_is_live(
+        tools: dict[str, Any], upstream: Upstream, kubelet: Node, control_plane: ControlPlane,
+        k8s_api: client.ApiClient, namespace: str) -> None:
+    run = Run(upstream, tools)
+    run.call("pay-1", "stripe.create_charge", {"order_id": "o7", "amount": 300}, key="charge-o7")
+    run.call("c-1", "github.create_comment", {"repo": "octo/hello", "issue": 7, "client_id": "c7", "body": "hi"})
+    run.call("r-1", "github.get_issue", {"repo": "octo/hello", "issue": 7}, made=False)  # read only: never live
+    create_ledger(k8s_api, namespace, "run-part", run.entries)
+    ran = plugin(control_plane.kubeconfig, namespace, "rollback", "ledger/run-part", "--entry", "c-1",
+                 "--reason", "only the comment", "--watch", "--timeout", "120s")
+    assert ran.code == 0, ran.out + ran.err
+    assert "ledger/run-part: partly rolled back: 1 step ran; 1 other entry of the run still has live effects "            "(pay-1)" in ran.out
+    obj = ledger(k8s_api, namespace, "run-part")
+    rolled = conditions(obj)["RolledBack"]
+    assert (rolled["status"], rolled["reason"]) == ("False", "PartiallyRolledBack")
+    header, row = kubectl(control_plane.kubeconfig, "-n", namespace, "get", "ledger", "run-part").split("\n")[:2]
+    assert row[header.index(" LIVE ") + 1:].split()[0] == "1"  # the column, between LAST STATE and AGE
+    assert kubectl(control_plane.kubeconfig, "-n", namespace, "get", "ledger", "run-part",
+                   "-o", "jsonpath={.status.live}") == "1"
+
+    rest = plugin(control_plane.kubeconfig, namespace, "rollback", "ledger/run-part", "--reason", "the rest",
+                  "--watch", "--timeout", "120s")
+    assert rest.code == 0, rest.out + rest.err
+    assert "ledger/run-part: rolled back" in rest.out
+    assert kubectl(control_plane.kubeconfig, "-n", namespace, "get", "ledger", "run-part",
+                   "-o", "jsonpath={.status.live}") == "0"

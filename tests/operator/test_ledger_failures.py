@@ -176,7 +176,8 @@ def test_only_refusals_the_object_must_fix_are_permanent_and_retries_back_off_to
 # ---- the rollback pass: one ledger refused, the other written -------------------------------
 
 class FakeCustom:
-    """The custom-objects API of a namespace with ledgers; refuses the status of ``refused``."""
+    """The custom-objects API of a namespace with ledgers; refuses a status of ``refused``
+    that holds a rollback (as the cluster test's webhook does)."""
 
     def __init__(self, ledgers: dict[str, dict[str, Any]], refused: set[str]) -> None:
         self.ledgers, self.refused = ledgers, refused
@@ -191,17 +192,15 @@ class FakeCustom:
 
     def replace_namespaced_custom_object_status(self, group: str, version: str, namespace: str, plural: str,
                                                 name: str, body: Any, **_: Any) -> Any:
-        if name in self.refused:
+        if name in self.refused and "rollback" in body["status"]:
             exc = ApiException(status=422, reason="Unprocessable Entity")
             exc.body = json.dumps({"message": f'EffectLedger.unwind.dev "{name}" is invalid'})
             raise exc
-        self.replaced.append(name)
+        if "rollback" in body["status"]:
+            self.replaced.append(name)
+        else:
+            self.patched[name] = body  # conditions only
         self.ledgers[name] = body
-        return Answer(body)
-
-    def patch_namespaced_custom_object_status(self, group: str, version: str, namespace: str, plural: str,
-                                              name: str, body: Any, **_: Any) -> Any:
-        self.patched[name] = body
         return Answer(body)
 
 

@@ -448,20 +448,24 @@ def storable_entry(entry: dict[str, Any]) -> dict[str, Any]:
     return storable_status(KIND, {"entries": [entry]})["entries"][0]  # type: ignore[no-any-return]
 
 
-def _patch_conditions(custom: Any, namespace: str, name: str, conditions: list[dict[str, Any]]) -> None:
+def _write_conditions(custom: Any, namespace: str, obj: dict[str, Any], conditions: list[dict[str, Any]]) -> None:
+    """Replace the ledger's conditions in its status as read (what was refused is not in
+    it), conditional on its resourceVersion (the operator may update statuses, not patch
+    them); a conflict is left to the next retry."""
+    status = {**(obj.get("status") or {}), "conditions": conditions}
     try:
-        _discard(custom.patch_namespaced_custom_object_status(
-            API_GROUP, API_VERSION, namespace, LEDGERS, name, {"status": {"conditions": conditions}},
-            _preload_content=False))
+        _discard(custom.replace_namespaced_custom_object_status(
+            API_GROUP, API_VERSION, namespace, LEDGERS, obj["metadata"]["name"],
+            {**obj, "status": storable_status(KIND, status)}, _preload_content=False))
     except ApiException as exc:  # the Event and the log still say it
         log.warning("namespace %s: ledger %s: its conditions could not be written either: %s %s",
-                    namespace, name, exc.status, exc.reason)
+                    namespace, obj["metadata"]["name"], exc.status, exc.reason)
 
 
 def mark_failed(custom: Any, core: Any, namespace: str, obj: dict[str, Any], reason: str, why: str) -> None:
-    """Record on ledger ``obj`` (as read) that the operator's work on it failed: a merge
-    patch of its conditions only (what was refused is not in it), and a Warning Event;
-    both only when new (ledgerfailures.failed_ledger)."""
+    """Record on ledger ``obj`` (as read) that the operator's work on it failed: its
+    conditions written into the status as read (what was refused is not in it), and a
+    Warning Event; both only when new (ledgerfailures.failed_ledger)."""
     meta, spec, status = obj["metadata"], obj.get("spec") or {}, obj.get("status") or {}
     rb, generation = status.get("rollback") or {}, int(meta.get("generation") or 1)
     # RolledBack too when it is the rollback's own pass that failed
@@ -471,7 +475,7 @@ def mark_failed(custom: Any, core: Any, namespace: str, obj: dict[str, Any], rea
     found = failed_ledger(meta["name"], generation, list(status.get("conditions") or []),
                           rolling_back, reason, why, now_rfc3339())
     if found.conditions is not None:
-        _patch_conditions(custom, namespace, meta["name"], found.conditions)
+        _write_conditions(custom, namespace, obj, found.conditions)
     post_events(core, namespace, meta, found.events)
 
 
@@ -480,7 +484,7 @@ def mark_written(custom: Any, namespace: str, obj: dict[str, Any], reason: str) 
     conds = written_again(int(obj["metadata"].get("generation") or 1),
                           list((obj.get("status") or {}).get("conditions") or []), reason, now_rfc3339())
     if conds is not None:
-        _patch_conditions(custom, namespace, obj["metadata"]["name"], conds)
+        _write_conditions(custom, namespace, obj, conds)
 
 
 def _apply(entries: list[dict[str, Any]], changes: dict[str, Any]) -> tuple[list[dict[str, Any]], bool]:
