@@ -145,7 +145,7 @@ class LedgerStatus(_Status):
     live: int | None = Field(None, description="On a run's first page: entries of the run whose effects may still stand "
                                                "(succeeded, uncertain or pending calls of tools that are not read-only "
                                                "or idempotent, and undos not done); the operator counts them at each "
-                                               "rollback pass and at least every --lookup-seconds (a printer column).")
+                                               "rollback pass and at least every --lookup-interval (a printer column).")
     observedGeneration: int | None = None
     conditions: list[Condition] = Field(default_factory=list, description="On a run's first page: RollbackPlanned, RolledBack, Degraded, RetentionExpired (reasons: docs/rollback.md).")
     rollback: RollbackStatus | None = Field(None, description="On a run's first page: the rollback the operator runs (docs/rollback.md).")
