@@ -92,7 +92,8 @@ def test_the_rule_table_covers_every_targeted_code_once_in_order() -> None:
     codes = [r.code for r in RULES]
     assert codes == sorted(codes) == ["L010", "L011", "L012", "L013", "L014", "L015", "L016",
                                       "L017", "L019", "L020", "L021", "L022", "L023", "L024",
-                                      "L027", "L030", "L031", "L032", "L033", "L034", "L035", "L036"]
+                                      "L027", "L030", "L031", "L032", "L033", "L034", "L035", "L036",
+                                      "L037", "L038"]
 
 
 def test_l010_a_mutating_tool_without_description_is_a_warning() -> None:
@@ -350,3 +351,85 @@ def test_l036_redacting_a_value_the_undo_needs_is_a_warning() -> None:
         s["shop.create_order"]["audit"] = {"redaction": ["$result.id"]}  # the cancel reads $result.id
     f = only(lint_changed(redact), "L036", "warning", "shop.create_order")
     assert "compensation.argument_map" in f.message and "the undo of every call will be unavailable" in f.message
+
+
+# ---- schemas matched per upstream (issue 19 #7) -------------------------------------------
+
+MCP = "http://mcp.local/mcp"
+
+
+def test_an_mcp_servers_list_does_not_make_rest_tools_warn_l034() -> None:
+    specs = clean_specs()
+    specs["shop.cancel_order"]["upstream"] = {"mcp": {"url": MCP, "tool": "cancel"}}
+    server = {"cancel": SCHEMAS["shop.cancel_order"]}
+    assert lint(models(specs), upstreams={MCP: server}) == []
+
+
+def test_a_tool_missing_from_its_own_servers_list_is_l034_naming_the_server() -> None:
+    specs = clean_specs()
+    specs["shop.cancel_order"]["upstream"] = {"mcp": {"url": MCP, "tool": "cancel"}}
+    found = lint(models(specs), upstreams={MCP: {"other": {"type": "object"}}})
+    f = only([x for x in found if x.code != "L035"], "L034", "warning", "shop.cancel_order")
+    assert f"no upstream tool at {MCP} is named cancel" in f.message
+
+
+def test_a_servers_tool_without_a_manifest_is_l035_naming_the_server() -> None:
+    specs = clean_specs()
+    specs["shop.cancel_order"]["upstream"] = {"mcp": {"url": MCP, "tool": "cancel"}}
+    server = {"cancel": SCHEMAS["shop.cancel_order"], "refund": {"type": "object"}}
+    f = only(lint(models(specs), upstreams={MCP: server}), "L035", "warning", "refund")
+    assert f"the upstream {MCP} offers this tool" in f.message
+
+
+# ---- L037 mapping_type_mismatch (issue 19 #8) ----------------------------------------------
+
+def _with_cancel_schema(props: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {**SCHEMAS, "shop.cancel_order": {"type": "object", "properties": props}}
+
+
+def test_l037_a_scalar_mapped_where_the_target_wants_an_array_is_an_error() -> None:
+    schemas = _with_cancel_schema({"order_id": {"type": "string"},
+                                   "amount": {"type": "array", "items": {"type": "integer"}}})
+    findings = lint_changed(lambda s: s["shop.create_order"].update(
+        schema_hash=schema_hash_of(SCHEMAS["shop.create_order"])), schemas)
+    f = only([x for x in findings if x.code != "L027"], "L037", "error", "shop.create_order")
+    assert f.path == "compensation.argument_map.amount"
+    assert "sends $args.total (integer), but shop.cancel_order takes amount as array" in f.message
+    assert "projection such as $result.items[*].id" in f.message
+
+
+def test_l037_an_integer_fits_a_number_and_undeclared_types_are_not_judged() -> None:
+    schemas = _with_cancel_schema({"order_id": {}, "amount": {"type": "number"}})
+    assert [f for f in lint_changed(lambda s: None, schemas) if f.code == "L037"] == []
+
+
+def test_l037_a_literal_of_the_wrong_type_is_an_error() -> None:
+    schemas = _with_cancel_schema({"order_id": {"type": "string"}, "amount": {"type": "integer"},
+                                   "reason": {"type": "string"}})
+    findings = lint_changed(lambda s: s["shop.create_order"]["compensation"]["argument_map"].update(
+        reason={"const": 3}), schemas)
+    f = only(findings, "L037", "error", "shop.create_order")
+    assert "sends {const: 3} (integer), but shop.cancel_order takes reason as string" in f.message
+
+
+def test_l037_a_projection_sent_where_the_target_wants_a_string_is_an_error() -> None:
+    from unwind.manifest.refs import RefSyntaxError, parse_ref
+
+    try:
+        parse_ref("$result.items[*].id")
+    except RefSyntaxError:
+        pytest.skip("projections ([*]) are not in refs.py in this checkout")
+    schemas = _with_cancel_schema({"order_id": {"type": "string"}})
+    findings = lint_changed(lambda s: s["shop.create_order"]["compensation"]["argument_map"].update(
+        order_id="$result.items[*].id"), schemas)
+    f = only(findings, "L037", "error", "shop.create_order")
+    assert "(array), but shop.cancel_order takes order_id as string" in f.message
+
+
+# ---- L038 TODO comments ---------------------------------------------------------------------
+
+def test_l038_each_todo_left_is_a_note_on_its_field() -> None:
+    todos = {"shop.cancel_order": [("compensation", "how is this undone?")]}
+    f = only(lint(models(clean_specs()), todos=todos), "L038", "info", "shop.cancel_order")
+    assert f.path == "compensation"
+    assert f.message.startswith("TODO left: how is this undone? (decide")

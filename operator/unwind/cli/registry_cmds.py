@@ -41,7 +41,7 @@ from ..registry.config import signing_key_path
 from ..registry.index import format_time
 from ..registry.records import IndexEntry
 from ..registry.storage import Storage
-from .check_cmds import _inputs, cmd_validate
+from .check_cmds import _inputs, cmd_validate, register_scaffold
 from .output import add_output_flags, emit, fail, machine, output_format, plural, table
 
 Handler = Callable[[argparse.Namespace], int]
@@ -426,3 +426,4 @@ def register_manifests(subparsers: Any) -> None:
     _inputs(p)
     add_output_flags(p)
     p.set_defaults(func=cmd_validate)  # the same check as `unwind validate`
+    register_scaffold(subparsers)

@@ -7,16 +7,27 @@ also fixes the code's level, so a level is stated once and a code cannot be repo
 
 "Mutating" means every effect except read_only (idempotent tools change things too, they
 are just safe to repeat). Rules that compare against the real tools' input schemas
-(L017, L020, L027, L033, L034, L035) run only when ``upstream_schemas`` is given; a schema
+(L017, L020, L027, L033, L034, L035) run only when upstream schemas are given; a schema
 without a ``properties`` mapping is opaque and its arguments are not judged. A manifest is
 matched to its upstream schema by ``upstream.mcp.tool`` when set, else by its tool name.
+
+Schemas come in two forms. ``upstream_schemas`` is one flat list (tool name -> schema) that
+every manifest is judged against. ``upstreams`` is per server (an MCP server's URL -> its
+``tools/list``): a manifest is judged only against the list of the server its
+``upstream.mcp.url`` names, so an MCP server's list says nothing about a REST tool (no L034)
+and a tool of one server is not "missing" from another's list.
+
+L037 (mapping_type_mismatch) compares the types a mapping sends with the types the target
+tool declares (its manifest's ``input_schema`` when it has one, else its upstream schema); it
+runs whenever both sides declare a type. L038 lists the ``# TODO`` comments a person must
+still resolve (``unwind manifests scaffold`` writes them); the loader finds them.
 """
 
 from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from .canonical import canonical_json
@@ -61,6 +72,9 @@ class Context:
     manifests: Sequence[ToolManifest]
     by_name: Mapping[str, ToolManifest]
     upstream: Mapping[str, dict[str, Any]]  # empty when no upstream was given
+    upstreams: Mapping[str, Mapping[str, dict[str, Any]]] = field(default_factory=dict)
+    flat: bool = False  # a flat list was given: it judges every manifest
+    todos: Mapping[str, Sequence[tuple[str, str]]] = field(default_factory=dict)
 
 
 Check = Callable[[Context], Iterator[tuple[str, str, str]]]  # yields (tool, field path, message)
@@ -81,9 +95,35 @@ def upstream_name(m: ToolManifest) -> str:
     return m.upstream.mcp.tool if m.upstream and m.upstream.mcp else m.tool
 
 
+def _mcp_url(m: ToolManifest) -> str | None:
+    return m.upstream.mcp.url if m.upstream and m.upstream.mcp else None
+
+
+def upstream_list(ctx: Context, m: ToolManifest) -> Mapping[str, dict[str, Any]] | None:
+    """The tool list ``m`` is judged against: its MCP server's when that server's list was
+    read, else the flat list when one was given, else None (nothing to judge it by)."""
+    url = _mcp_url(m)
+    if url is not None and url in ctx.upstreams:
+        return ctx.upstreams[url]
+    return ctx.upstream if ctx.flat else None
+
+
+def _upstream_schema(ctx: Context, m: ToolManifest) -> dict[str, Any] | None:
+    found = upstream_list(ctx, m)
+    return found.get(upstream_name(m)) if found is not None else None
+
+
+def input_schema_of(ctx: Context, m: ToolManifest) -> Mapping[str, Any] | None:
+    """The tool's input schema: its manifest's own ``input_schema`` when it declares one,
+    else the upstream's."""
+    own = getattr(m, "input_schema", None)
+    return own if isinstance(own, Mapping) else _upstream_schema(ctx, m)
+
+
 def _schema_properties(ctx: Context, m: ToolManifest) -> Mapping[str, Any] | None:
     """The input schema's properties, or None when unknown or opaque (nothing to judge)."""
-    props = ctx.upstream.get(upstream_name(m), {}).get("properties")
+    schema = _upstream_schema(ctx, m)
+    props = schema.get("properties") if isinstance(schema, Mapping) else None
     return props if isinstance(props, Mapping) else None
 
 
@@ -236,7 +276,7 @@ def l024_draft(ctx: Context) -> Iterator[tuple[str, str, str]]:
 
 def l027_no_schema_hash(ctx: Context) -> Iterator[tuple[str, str, str]]:
     for m in ctx.manifests:
-        schema = ctx.upstream.get(upstream_name(m))
+        schema = _upstream_schema(ctx, m)
         if schema is not None and not m.schema_hash:
             yield m.tool, "schema_hash", ("no schema_hash: a change of the upstream's input schema would go "
                            f"unnoticed; set schema_hash: {schema_hash_of(schema)}")
@@ -295,17 +335,143 @@ def l036_redaction_hides_what_the_undo_needs(ctx: Context) -> Iterator[tuple[str
 
 def l034_no_upstream_tool(ctx: Context) -> Iterator[tuple[str, str, str]]:
     for m in ctx.manifests:
-        if upstream_name(m) not in ctx.upstream:
-            yield m.tool, "upstream", (f"no upstream tool is named {upstream_name(m)}: calls cannot reach "
-                           "it; fix the tool name or remove the manifest")
+        listed = upstream_list(ctx, m)
+        if listed is not None and upstream_name(m) not in listed:
+            url = _mcp_url(m)
+            where = f" at {url}" if url is not None and url in ctx.upstreams else ""
+            yield m.tool, "upstream", (f"no upstream tool{where} is named {upstream_name(m)}: calls "
+                           "cannot reach it; fix the tool name or remove the manifest")
 
 
 def l035_upstream_without_manifest(ctx: Context) -> Iterator[tuple[str, str, str]]:
-    declared = {upstream_name(m) for m in ctx.manifests}
-    for name in sorted(ctx.upstream):
-        if name not in declared:
-            yield name, "", ("the upstream offers this tool but no manifest declares it: agents "
-                         "cannot call it through the gateway; write a manifest for it")
+    if ctx.flat:
+        declared = {upstream_name(m) for m in ctx.manifests}
+        for name in sorted(ctx.upstream):
+            if name not in declared:
+                yield name, "", ("the upstream offers this tool but no manifest declares it: "
+                                 "agents cannot call it through the gateway; write a manifest for it")
+    for url, listed in ctx.upstreams.items():
+        declared = {upstream_name(m) for m in ctx.manifests if _mcp_url(m) == url}
+        for name in sorted(listed):
+            if name not in declared:
+                yield name, "", (f"the upstream {url} offers this tool but no manifest declares "
+                                 "it: agents cannot call it through the gateway; write a manifest "
+                                 "for it (unwind manifests scaffold --from-mcp writes a draft)")
+
+
+# ---- mapping types (L037) -------------------------------------------------------------------
+
+_JSON_TYPES = ("null", "boolean", "integer", "number", "string", "array", "object")
+
+
+def _literal_type(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int):
+        return "integer"
+    if isinstance(value, float):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    return "array" if isinstance(value, list) else "object"
+
+
+def _declared_types(schema: Any) -> set[str] | None:
+    """The JSON types a schema allows, or None when it does not say (not judged)."""
+    if not isinstance(schema, Mapping):
+        return None
+    kind = schema.get("type")
+    if isinstance(kind, str) and kind in _JSON_TYPES:
+        return {kind}
+    if isinstance(kind, list) and kind and all(k in _JSON_TYPES for k in kind):
+        return set(kind)
+    return None
+
+
+def _schema_at(schema: Any, path: Sequence[Any]) -> Any:
+    """The sub-schema at a reference path (names through properties, indices through
+    items), or None when the schema does not declare it."""
+    current = schema
+    for seg in path:
+        if not isinstance(current, Mapping):
+            return None
+        if isinstance(seg, str):
+            props = current.get("properties")
+            current = props.get(seg) if isinstance(props, Mapping) else None
+        else:  # an index, or the [*] of a projection
+            current = current.get("items")
+    return current
+
+
+def _fits(sent: set[str], wanted: set[str]) -> bool:
+    """Every type that may be sent is accepted; an integer fits a number, nothing else
+    converts."""
+    return all(t in wanted or (t == "integer" and "number" in wanted) for t in sent)
+
+
+def _mapped_types(ctx: Context, m: ToolManifest, raw: Any) -> set[str] | None:
+    """The JSON types a mapped value may have, or None when nothing declares them."""
+    try:
+        ref = parse_ref(raw)
+    except RefSyntaxError:
+        return None
+    if ref.root == "const":
+        return {_literal_type(ref.value)}
+    if getattr(ref, "projects", False):
+        return {"array"}  # a projection is always a list
+    if ref.root == "args":
+        return _declared_types(_schema_at(input_schema_of(ctx, m), ref.path))
+    return None  # $result, $before, $key: no schema declares them here
+
+
+def _argument_maps(m: ToolManifest) -> Iterator[tuple[str, str, Mapping[str, Any]]]:
+    """(field path, target tool, mapping) for each argument map that calls another tool."""
+    c = m.compensation
+    if c is not None:
+        yield "compensation.argument_map", c.tool, c.argument_map
+        if c.verification is not None:
+            yield "compensation.verification.arguments", c.verification.tool, c.verification.arguments
+    if m.lookup is not None:
+        yield "lookup.arguments", m.lookup.tool, m.lookup.arguments
+    capture = getattr(m, "capture", None)
+    if capture is not None:
+        yield "capture.arguments", capture.tool, capture.arguments
+    if m.draft is not None:
+        yield "draft.arguments", m.draft.tool, m.draft.arguments
+
+
+def l037_mapping_type_mismatch(ctx: Context) -> Iterator[tuple[str, str, str]]:
+    for m in ctx.manifests:
+        for place, target_name, mapping in _argument_maps(m):
+            target = ctx.by_name.get(target_name)
+            schema = input_schema_of(ctx, target) if target is not None else None
+            props = schema.get("properties") if isinstance(schema, Mapping) else None
+            if not isinstance(props, Mapping):
+                continue
+            for name, raw in mapping.items():
+                wanted = _declared_types(props.get(name))
+                sent = _mapped_types(ctx, m, raw)
+                if wanted is None or sent is None or _fits(sent, wanted):
+                    continue
+                shown = raw if isinstance(raw, str) else parse_ref(raw).text()
+                want = " or ".join(sorted(wanted))
+                fix = (" (map a list: a projection such as $result.items[*].id, or a {const: [...]})"
+                       if wanted == {"array"} else "")
+                yield m.tool, f"{place}.{name}", (
+                    f"{place}.{name} sends {shown} ({' or '.join(sorted(sent))}), but {target_name} "
+                    f"takes {name} as {want}: the call would be refused or misread{fix}; map a "
+                    "value of that type")
+
+
+# ---- TODOs left by a person or by scaffold (L038) -----------------------------------------
+
+def l038_todo(ctx: Context) -> Iterator[tuple[str, str, str]]:
+    for m in ctx.manifests:
+        for path, text in ctx.todos.get(m.tool, ()):
+            yield m.tool, path, (f"TODO left: {text}" if text else "a TODO is left here") + (
+                " (decide, write it in the manifest, then remove the comment)")
 
 
 @dataclass(frozen=True)
@@ -339,15 +505,23 @@ RULES: tuple[Rule, ...] = (
     Rule("L034", "warning", l034_no_upstream_tool, needs_upstream=True),
     Rule("L035", "warning", l035_upstream_without_manifest, needs_upstream=True),
     Rule("L036", "warning", l036_redaction_hides_what_the_undo_needs),
+    Rule("L037", "error", l037_mapping_type_mismatch),
+    Rule("L038", "info", l038_todo),
 )
 
 
 def lint(manifests: Sequence[ToolManifest],
-         upstream_schemas: Mapping[str, dict[str, Any]] | None = None) -> list[Finding]:
-    """Every finding, sorted stably by tool then code (rule order within one code)."""
-    ctx = Context(manifests, {m.tool: m for m in manifests}, upstream_schemas or {})
+         upstream_schemas: Mapping[str, dict[str, Any]] | None = None,
+         upstreams: Mapping[str, Mapping[str, dict[str, Any]]] | None = None,
+         todos: Mapping[str, Sequence[tuple[str, str]]] | None = None) -> list[Finding]:
+    """Every finding, sorted stably by tool then code (rule order within one code).
+    ``upstream_schemas``: one flat tool list for every manifest; ``upstreams``: each MCP
+    server's list by its URL; ``todos``: tool -> (field path, text) of its TODO comments."""
+    ctx = Context(manifests, {m.tool: m for m in manifests}, upstream_schemas or {},
+                  upstreams or {}, upstream_schemas is not None, todos or {})
+    given = upstream_schemas is not None or bool(upstreams)
     findings = [Finding(rule.code, rule.level, tool, message, path)
-                for rule in RULES if upstream_schemas is not None or not rule.needs_upstream
+                for rule in RULES if given or not rule.needs_upstream
                 for tool, path, message in rule.check(ctx)]
     return sorted(findings, key=lambda f: (f.tool, f.code))
 

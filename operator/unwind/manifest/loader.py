@@ -84,6 +84,7 @@ class Sourced:
     annotations: dict[str, str] = field(default_factory=dict)  # metadata.annotations
     annotation_lines: dict[str, int] = field(default_factory=dict)  # and the line of each
     key_line: int | None = None  # the line of the key that holds the manifest (``spec:``)
+    todos: list[tuple[str, str]] = field(default_factory=list)  # (field path, text) of # TODO comments
 
     @property
     def line(self) -> int | None:
@@ -331,7 +332,41 @@ def load_text(text: str, file: str | None = None,
             if item.namespace is None and item.node is not None and "# ignore-check." in text:
                 lines = lines if lines is not None else text.splitlines()
                 _comment_annotations(item, lines)
+            if item.node is not None and "TODO" in text:
+                lines = lines if lines is not None else text.splitlines()
+                _todo_comments(item, lines)
     return result
+
+
+_TODO_COMMENT = re.compile(r"#\s*TODO\b[:\s]*(.*?)\s*$")
+
+
+def _todo_comments(item: Sourced, lines: list[str]) -> None:
+    """The ``# TODO`` comments inside a manifest (``unwind manifests scaffold`` writes them
+    where a person must decide), each with the field it is about: the key on its line, else
+    the next key below it. Lint lists them (L038)."""
+    assert item.node is not None
+    keys = sorted(_key_lines(item.node, ""))
+    start, end = item.node.start_mark.line, min(item.node.end_mark.line + 1, len(lines))
+    for number in range(start, end):
+        match = _TODO_COMMENT.search(lines[number])
+        if match is None:
+            continue
+        after = [path for line, path in keys if line >= number]
+        item.todos.append((after[0] if after else "", match.group(1)))
+
+
+def _key_lines(node: yaml.Node, path: str) -> Iterator[tuple[int, str]]:
+    """(0-based line, field path) of every mapping key under ``node``."""
+    if isinstance(node, yaml.MappingNode):
+        for key, value in node.value:
+            if isinstance(key, yaml.ScalarNode):
+                here = f"{path}.{key.value}" if path else str(key.value)
+                yield key.start_mark.line, here
+                yield from _key_lines(value, here)
+    elif isinstance(node, yaml.SequenceNode):
+        for i, value in enumerate(node.value):
+            yield from _key_lines(value, f"{path}[{i}]")
 
 
 _IGNORE_COMMENT = re.compile(r"#\s*(ignore-check\.unwind\.dev/[^\s:]+)\s*:?\s*(.*?)\s*$")
