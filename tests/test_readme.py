@@ -6,8 +6,9 @@ the ``##`` section it belongs to.
 
 - **"Try it on a laptop" and "Offline checks"** run here, in order, in one bash (so the
   ``export``s and the background jobs of one block hold for the next, as in a terminal),
-  in a fresh copy of the repository (the tracked files as they are in the working tree,
-  so an edit of README is tested before it is committed) with this checkout's ``.venv``
+  in a fresh copy of the repository (what a commit of the working tree would hold: tracked
+  files as edited and new files git does not ignore, so an edit of README is tested before
+  it is committed; in CI that is the clone) with this checkout's ``.venv``
   linked in, and with a newcomer's environment: no PYTHONPATH, no virtualenv activated, no
   KUBECONFIG; PATH is what README sets. Each command must exit 0; ``kill %1 %2`` exiting 0
   shows the upstream and the gateway stayed up. For a few, the output README shows is
@@ -93,7 +94,10 @@ def test_readme_commands_are_found_in_every_section_that_has_some() -> None:
 # ---- the laptop and offline sections, run -----------------------------------------------
 
 def _fresh_copy(dest: Path) -> Path:
-    listed = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True).stdout
+    # what a commit of the working tree would hold: tracked files as edited, and new files
+    # not ignored (a tracked module may import one not committed yet)
+    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+                            cwd=ROOT, capture_output=True, check=True).stdout
     for name in filter(None, listed.decode().split("\0")):
         source = ROOT / name
         if source.is_file():  # a tracked file deleted in the working tree is not copied
