@@ -37,7 +37,10 @@ def structured(result: Any) -> dict[str, Any]:
 
 async def test_tools_list_gives_each_tools_effect_class_and_contract(gateway: GatewayProc) -> None:
     async with mcp_client(gateway, "run-list") as client:
-        tools = {t.name: t for t in (await client.list_tools()).tools}
+        listed = (await client.list_tools()).tools
+    # keyed by the manifest's name (served as github__create_comment: test_mcp_door.py)
+    tools = {t.meta["unwind.dev/tool"]: t for t in listed if t.meta is not None}
+    assert len(tools) == len(listed)
     assert "test.draft_only" not in tools  # a draft is not served
     comment = tools["github.create_comment"]
     assert comment.meta is not None

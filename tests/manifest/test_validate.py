@@ -189,6 +189,18 @@ CASES = [
     ("verification retries stay between 1 and 10",
      with_(compensation__verification__retries=11),
      "compensation.verification.retries", "less than or equal to 10"),
+    ("an input_schema that is not valid JSON Schema is refused",
+     with_(input_schema={"type": "object", "required": "owner"}),
+     "input_schema.required", "is not valid JSON Schema 2020-12"),
+    ("an input_schema whose $ref points outside it is refused (nothing is fetched)",
+     with_(input_schema={"type": "object", "properties": {
+         "owner": {"$ref": "http://127.0.0.1:9/owner.json"}}}),
+     "input_schema.properties.owner.$ref", "points outside the schema"),
+    ("an input_schema of another dialect is refused",
+     with_(input_schema={"$schema": "http://json-schema.org/draft-07/schema#", "type": "object"}),
+     "input_schema.$schema", "2020-12 only"),
+    ("an input_schema that is not an object schema is refused",
+     with_(input_schema={"type": "array"}), "input_schema.type", "write type: object"),
 ]
 
 

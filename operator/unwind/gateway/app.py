@@ -13,7 +13,7 @@ from mcp.server.streamable_http_manager import StreamableHTTPASGIApp, Streamable
 from mcp.server.transport_security import TransportSecuritySettings
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
-from starlette.routing import Mount
+from starlette.routing import Route
 
 from . import rest
 from .enforce import Gateway
@@ -58,22 +58,27 @@ def build_app(gateway: Gateway, *, default_run: str | None = None, host: str = "
     middleware = [Middleware(Trust, policy=policy or Policy.from_environ(host))]
     if stop is not None:
         middleware.append(Middleware(Quit, stop=stop))
+    # A Route, not a Mount: /mcp itself answers (a Mount answers only under /mcp/, and the
+    # 307 from /mcp to /mcp/ is more than one client SDK follows); /mcp/ answers too.
+    mcp_app = StreamableHTTPASGIApp(sessions)
     return Starlette(routes=[*rest.routes(gateway, default_run),
-                             Mount("/mcp", app=StreamableHTTPASGIApp(sessions))],
+                             Route("/mcp", mcp_app), Route("/mcp/", mcp_app)],
                      lifespan=lifespan, middleware=middleware)
 
 
 async def learn_schemas(gateway: Gateway) -> None:
-    """Ask each MCP upstream for its tools' input schemas (schema drift, tools/list). An
-    upstream that does not answer leaves its schemas unknown: nothing to compare, logged."""
+    """Ask each MCP upstream for its tools (input schemas for schema drift and the door's
+    check; output schemas and annotations for tools/list). An upstream that does not answer
+    leaves its schemas unknown: nothing to compare, logged."""
     urls = {s.manifest.upstream.mcp.url for s in gateway.catalogue.tools()
             if s.manifest.upstream is not None and s.manifest.upstream.mcp is not None}
     for url in sorted(urls):
         try:
-            schemas = await gateway.upstream.list_mcp_schemas(url)
+            listed = await gateway.upstream.list_mcp_tools(url)
         except Exception as exc:
             log.warning("cannot list the tools of MCP upstream %s: %s; schema drift is not "
                         "checked for its tools", url, str(exc).splitlines()[0] if str(exc) else exc)
             continue
-        for name, schema in schemas.items():
-            gateway.upstream.schemas[(url, name)] = schema
+        for name, tool in listed.items():
+            gateway.upstream.schemas[(url, name)] = dict(tool.get("inputSchema") or {})
+            gateway.upstream.listed[(url, name)] = tool

@@ -24,6 +24,7 @@ from typing import Any
 from urllib.parse import quote
 
 from ..bundle import BUNDLE_NAME, Bundle, BundleError, load_bundle, read_root
+from ..manifest.mcp_names import collision_message, name_collisions
 from ..registry.errors import RegistryError
 from ..registry.signing import TrustStore
 from .catalogue import Served
@@ -146,6 +147,9 @@ class BundleCatalogue:
             bundle = load_bundle(configmaps, trust, namespace=self.namespace, min_generation=floor)
         except BundleError as exc:
             return self._refuse(exc.code, str(exc))
+        collisions = name_collisions(bundle.manifests)
+        if collisions:
+            return self._refuse("name_collision", collision_message(collisions))
         if self._bundle is not None and bundle.generation == self._bundle.generation \
                 and bundle.checksums == self._bundle.checksums:
             self._problem = None

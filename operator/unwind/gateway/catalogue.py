@@ -19,6 +19,7 @@ from typing import Protocol
 
 from ..manifest.canonical import checksum
 from ..manifest.loader import check_paths
+from ..manifest.mcp_names import collision_message, name_collisions
 from ..manifest.model import ToolManifest
 from ..manifest.rewrite import rewrite_upstream
 
@@ -87,6 +88,12 @@ class LocalCatalogue:
         if not result.manifests:
             self._by_tool, self._generation = {}, "none"
             self._problem = f"no manifests found in {where}"
+            log.error("catalogue refused: %s", self._problem)
+            return
+        collisions = name_collisions(m.tool for m in result.manifests)
+        if collisions:
+            self._by_tool, self._generation = {}, "none"
+            self._problem = f"the manifests in {where} are not valid: {collision_message(collisions)}"
             log.error("catalogue refused: %s", self._problem)
             return
         # the version is the file's: only where its calls go moves (--rewrite-upstream)

@@ -91,6 +91,7 @@ class CallResult:
     body: Any
     report: dict[str, Any] | None = None
     entry: str | None = None
+    content: list[dict[str, Any]] | None = None  # an MCP upstream's blocks (mcp_server.py)
 
 
 @dataclass(frozen=True)
@@ -634,7 +635,7 @@ class Gateway:
             await self._release(c, holder)
         if refusal is not None:
             return CallResult(refusal.status, refusal.envelope(), report, entry.id)
-        return CallResult(200, answer.data, report, entry.id)
+        return CallResult(200, answer.data, report, entry.id, answer.content)
 
     def _unrecordable(self, c: _Call, entry: Entry, why: str) -> tuple[str, Refusal]:
         """The upstream answered, but the outcome cannot be kept: the entry is recorded

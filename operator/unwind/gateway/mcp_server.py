@@ -13,6 +13,8 @@ structured content is the same ``{"error": {...}}`` envelope REST sends.
 from __future__ import annotations
 
 import json
+import logging
+import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -21,13 +23,19 @@ from mcp.server.lowlevel.server import Server
 
 from ..ledger.store import ENTRY_ID_PATTERN
 from ..ledger.ulid import new_ulid
-from ..manifest.model import ToolManifest
+from ..manifest.mcp_names import mcp_name
+from ..manifest.model import Effect, ToolManifest
 from .enforce import CallRequest, CallResult, Gateway
 from .errors import Refusal
 from .limits import OverLimit, check_arguments
 from .rest import choose_run
+from .schemas import BadArguments, check_call_arguments, listed_key
 
+log = logging.getLogger("unwind.gateway")
 META_KEYS = {"idempotency_key": str, "stage": bool, "dry_run": bool}
+REPORT_IN_CONTENT_HEADER = "x-unwind-report"
+REPORT_IN_CONTENT_ENV = "UNWIND_REPORT_IN_CONTENT"
+REPORT_PREFIX = "unwind effect report (how this call is recorded and undone): "
 
 
 def contract(m: ToolManifest) -> dict[str, Any]:
@@ -57,57 +65,135 @@ def read_meta(meta: Mapping[str, Any] | None) -> tuple[str | None, bool, bool]:
     return key, bool(meta.get("stage", False)), bool(meta.get("dry_run", False))
 
 
-def tool_result(result: CallResult) -> types.CallToolResult:
+def report_block(report: dict[str, Any]) -> types.TextContent:
+    """The effect report as a text block, for clients that drop ``_meta``."""
+    text = json.dumps(report, ensure_ascii=False, separators=(",", ":"))
+    return types.TextContent(type="text", text=f"{REPORT_PREFIX}{text}")
+
+
+def tool_result(result: CallResult, *, report_in_content: bool = False) -> types.CallToolResult:
+    """The answer: an MCP upstream's own content blocks when it sent some (an image stays an
+    image), else the body as one JSON text block; the body as structured content when it
+    is an object the upstream (or the JSON text) gave; the report in ``_meta.effect`` and,
+    with ``report_in_content``, as a last text block."""
     body = result.body
     meta = {"effect": result.report} if result.report else None
-    text = json.dumps(body, ensure_ascii=False)
-    return types.CallToolResult(
-        content=[types.TextContent(type="text", text=text)],
-        structuredContent=body if isinstance(body, dict) else None,
-        isError=result.status >= 400, _meta=meta)
+    content: list[Any]
+    if result.content is not None and result.status < 400:
+        content = list(result.content)
+        structured = body if isinstance(body, dict) and body != {"content": content} else None
+    else:
+        content = [types.TextContent(type="text", text=json.dumps(body, ensure_ascii=False))]
+        structured = body if isinstance(body, dict) else None
+    if report_in_content and result.report:
+        content.append(report_block(result.report))
+    return types.CallToolResult(content=content, structuredContent=structured,
+                                isError=result.status >= 400, _meta=meta)
 
 
-def refusal_result(refusal: Refusal) -> types.CallToolResult:
-    return tool_result(CallResult(refusal.status, refusal.envelope()))
+def refusal_result(refusal: Refusal, *, report_in_content: bool = False) -> types.CallToolResult:
+    return tool_result(CallResult(refusal.status, refusal.envelope()),
+                       report_in_content=report_in_content)
 
 
-def build_server(gateway: Gateway, default_run: str | None) -> Server[Any]:
-    async def list_tools(ctx: Any, params: Any) -> types.ListToolsResult:
-        tools = []
+def hints(m: ToolManifest) -> dict[str, bool]:
+    """MCP's behaviour hints, from the declared effect class (the reviewed truth, over what
+    an upstream says): read-only is read_only; idempotent is read_only or idempotent;
+    destructive is what Unwind cannot put back exactly (idempotent, compensable,
+    irreversible), so only a reversible tool (or a read) is not destructive."""
+    effect = m.effect
+    return {"readOnlyHint": effect == Effect.read_only,
+            "destructiveHint": effect in (Effect.idempotent, Effect.compensable,
+                                          Effect.irreversible),
+            "idempotentHint": effect in (Effect.read_only, Effect.idempotent)}
+
+
+def served_tool(m: ToolManifest, gateway: Gateway) -> types.Tool:
+    """One tools/list entry: the model-API name, the argument schema (the manifest's, else
+    the MCP upstream's, else any object), the upstream's output schema, title and other
+    annotations, the hints of the effect class, and in ``_meta`` the manifest's name,
+    effect class and contract."""
+    upstream = gateway.upstream
+    listed: dict[str, Any] = {}
+    schema: dict[str, Any] = {"type": "object"}
+    where = listed_key(m)
+    if where is not None:
+        listed = upstream.listed.get(where, {})
+        schema = upstream.schemas.get(where, schema)
+    if m.input_schema is not None:
+        schema = m.input_schema
+    annotations = listed.get("annotations")
+    annotations = {**(annotations if isinstance(annotations, dict) else {}), **hints(m)}
+    extra: dict[str, Any] = {}
+    if isinstance(listed.get("outputSchema"), dict):
+        extra["outputSchema"] = listed["outputSchema"]
+    if isinstance(listed.get("title"), str):
+        extra["title"] = listed["title"]
+    return types.Tool(name=mcp_name(m.tool), description=m.description or listed.get(
+                          "description"), inputSchema=schema, annotations=annotations, **extra,
+                      _meta={"unwind.dev/tool": m.tool, "unwind.dev/effect_class": str(m.effect),
+                             "unwind.dev/effect_contract": contract(m)})
+
+
+def wants_report_in_content(headers: Mapping[str, str], default: bool) -> bool:
+    """``X-Unwind-Report: content`` asks for it on one request; ``: meta`` declines it."""
+    value = (headers.get(REPORT_IN_CONTENT_HEADER) or "").strip().lower()
+    return default if value not in ("content", "meta") else value == "content"
+
+
+def report_in_content_default() -> bool:
+    return os.environ.get(REPORT_IN_CONTENT_ENV, "").strip().lower() in ("1", "true", "yes")
+
+
+def build_server(gateway: Gateway, default_run: str | None,
+                 report_in_content: bool | None = None) -> Server[Any]:
+    """``report_in_content`` (default: ``UNWIND_REPORT_IN_CONTENT``) adds the effect report
+    as a last text block to every answer; a request's ``X-Unwind-Report`` header decides
+    for itself."""
+    in_content = report_in_content_default() if report_in_content is None else report_in_content
+
+    def tool_of(name: str) -> ToolManifest | None:
+        """The manifest a tools/call names: by its served name, else by its own name."""
         for served in gateway.catalogue.tools():
-            m = served.manifest
-            if not m.enforceable:
-                continue
-            schema: dict[str, Any] = {"type": "object"}
-            if m.upstream is not None and m.upstream.mcp is not None:
-                schema = gateway.upstream.schemas.get((m.upstream.mcp.url, m.upstream.mcp.tool),
-                                                      schema)
-            tools.append(types.Tool(name=m.tool, description=m.description, inputSchema=schema,
-                                    _meta={"unwind.dev/effect_class": str(m.effect),
-                                           "unwind.dev/effect_contract": contract(m)}))
-        return types.ListToolsResult(tools=tools)
+            if mcp_name(served.manifest.tool) == name:
+                return served.manifest
+        served_as = gateway.catalogue.get(name)
+        return served_as.manifest if served_as is not None else None
+
+    async def list_tools(ctx: Any, params: Any) -> types.ListToolsResult:
+        return types.ListToolsResult(tools=[served_tool(s.manifest, gateway)
+                                            for s in gateway.catalogue.tools()
+                                            if s.manifest.enforceable])
 
     async def call_tool(ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
         request = getattr(ctx, "request", None)
         headers = getattr(request, "headers", None) or {}
+        report = wants_report_in_content(headers, in_content)
         try:
             run = choose_run(headers.get("x-unwind-run"), default_run)
         except Refusal as refusal:
-            return refusal_result(refusal)
+            return refusal_result(refusal, report_in_content=report)
+        m = tool_of(params.name)
+        tool = m.tool if m is not None else params.name
         meta = ctx.meta if isinstance(getattr(ctx, "meta", None), Mapping) else params.meta
-        req = CallRequest(tool=params.name, arguments={}, run=run, entry_id=new_ulid())
+        req = CallRequest(tool=tool, arguments={}, run=run, entry_id=new_ulid())
         try:
             key, stage, dry_run = read_meta(meta if isinstance(meta, Mapping) else None)
             arguments = params.arguments or {}
             if not isinstance(arguments, dict):
                 raise Refusal("validation_error", "arguments must be an object")
             check_arguments(arguments)
+            check_call_arguments(m, arguments, gateway.upstream)
+        except BadArguments as refusal:  # refused at the door, not recorded: no values logged
+            log.info("call run=%s tool=%s status=%d outcome=%s fields=%s (not recorded)", run,
+                     tool[:128], refusal.status, refusal.code, refusal.where)
+            return refusal_result(refusal, report_in_content=report)
         except OverLimit as refusal:  # refused at the door: nothing of it reaches the ledger
-            return refusal_result(refusal)
+            return refusal_result(refusal, report_in_content=report)
         except Refusal as refusal:
-            return tool_result(await gateway.reject(req, refusal))
-        req = CallRequest(tool=params.name, arguments=dict(arguments), run=run,
+            return tool_result(await gateway.reject(req, refusal), report_in_content=report)
+        req = CallRequest(tool=tool, arguments=dict(arguments), run=run,
                           entry_id=key or req.entry_id, stage=stage, dry_run=dry_run)
-        return tool_result(await gateway.call(req))
+        return tool_result(await gateway.call(req), report_in_content=report)
 
     return Server("unwind-gateway", on_list_tools=list_tools, on_call_tool=call_tool)

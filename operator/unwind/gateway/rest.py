@@ -23,6 +23,7 @@ from ..ledger.ulid import new_ulid
 from .enforce import CallRequest, CallResult, Gateway
 from .errors import Refusal
 from .limits import MAX_BODY, OverLimit, check_arguments, too_deep
+from .schemas import BadArguments, check_call_arguments
 
 log = logging.getLogger("unwind.gateway")
 REPORT_HEADER = "X-Unwind-Effect"
@@ -126,6 +127,14 @@ def routes(gateway: Gateway, default_run: str | None) -> list[Route]:
                               "KiB: send less (arguments are for calls, not for documents)")
             arguments, stage, dry_run = parse_body(raw)
             check_arguments(arguments)
+            served = gateway.catalogue.get(tool)
+            check_call_arguments(served.manifest if served else None, arguments,
+                                 gateway.upstream)
+        except BadArguments as refusal:  # refused at the door, not recorded: no values logged
+            log.info("call run=%s entry=%s tool=%s status=%d outcome=%s fields=%s (not "
+                     "recorded)", run, entry_id, tool[:128], refusal.status, refusal.code,
+                     refusal.where)
+            return error_response(refusal)
         except OverLimit as refusal:  # refused at the door: nothing of it reaches the ledger
             log.info("call run=%s entry=%s tool=%s status=%d outcome=%s message=%r (not "
                      "recorded)", run, entry_id, tool[:128], refusal.status, refusal.code,

@@ -84,6 +84,7 @@ class Answer:
     text: str = ""
     attempts: int = 1
     sent: bool = field(default=True)
+    content: list[dict[str, Any]] | None = None  # an MCP upstream's content blocks, as sent
 
     @property
     def may_have_acted(self) -> bool:
@@ -174,6 +175,8 @@ class Upstream:
     def __init__(self) -> None:
         self._session: aiohttp.ClientSession | None = None
         self.schemas: dict[tuple[str, str], dict[str, Any]] = {}
+        # (url, tool) -> the MCP upstream's tools/list entry: its outputSchema and annotations
+        self.listed: dict[tuple[str, str], dict[str, Any]] = {}
 
     def session(self) -> aiohttp.ClientSession:
         if self._session is None:  # created in the running loop, as aiohttp requires
@@ -260,27 +263,43 @@ class Upstream:
             if capped.problem:
                 return Answer("too_large", text=f"{p.where} {capped.problem}")
             return Answer("lost", text=f"{p.where}: the MCP call failed: {_short(exc, p)}")
-        data = result.structured_content
-        text = "".join(getattr(c, "text", "") for c in result.content)
-        if data is None and text:
-            try:
-                data = json.loads(text)
-            except ValueError:
-                data = None
-        if result.is_error:
-            return Answer("error_status", 400, data, text[:2000])
-        if data is None:
-            return Answer("not_json", 200, None, text[:2000])
-        return Answer("ok", 200, data, "")
+        return mcp_answer(result)
 
     async def list_mcp_schemas(self, url: str, timeout_s: float = 10.0) -> dict[str, dict[str, Any]]:
         """The input schema of every tool an MCP upstream lists (for schema drift)."""
+        tools = await self.list_mcp_tools(url, timeout_s)
+        return {name: dict(t.get("inputSchema") or {}) for name, t in tools.items()}
+
+    async def list_mcp_tools(self, url: str, timeout_s: float = 10.0) -> dict[str, dict[str, Any]]:
+        """Every tool an MCP upstream lists, as its ``tools/list`` entry (JSON names:
+        ``inputSchema``, ``outputSchema``, ``annotations``, ``title``...)."""
         from mcp import Client
 
         with anyio_fail_after(timeout_s):
             async with Client(url) as client:
                 listed = await client.list_tools()
-        return {t.name: dict(t.input_schema) for t in listed.tools}
+        return {t.name: t.model_dump(mode="json", by_alias=True, exclude_none=True)
+                for t in listed.tools}
+
+
+def mcp_answer(result: Any) -> Answer:
+    """An MCP upstream's ``tools/call`` result as an Answer. Its data (``$result``) is the
+    structured content, else the text blocks read as JSON, else ``{"content": [blocks]}``
+    (an image, plain text: an MCP answer is always readable). The blocks are kept as sent,
+    so the MCP door passes them on as blocks."""
+    blocks = [c.model_dump(mode="json", by_alias=True, exclude_none=True) for c in result.content]
+    data = result.structured_content
+    text = "".join(getattr(c, "text", "") for c in result.content)
+    if data is None and text:
+        try:
+            data = json.loads(text)
+        except (ValueError, RecursionError):
+            data = None
+    if result.is_error:
+        return Answer("error_status", 400, data, text[:2000], content=blocks)
+    if data is None:
+        data = {"content": blocks}
+    return Answer("ok", 200, data, "", content=blocks)
 
 
 _NOT_JSON = object()

@@ -263,6 +263,7 @@ class ToolManifest(Strict):
     idempotency: Idempotency | None = None
     audit: Audit | None = None
     schema_hash: str | None = Field(None, description="Hash of the upstream tool's input schema when the manifest was written.")
+    input_schema: dict[str, Any] | None = Field(None, description="JSON Schema (2020-12) of the call's arguments, an object schema: served as the tool's inputSchema over MCP and checked at both doors before anything is recorded. MCP upstreams bring their own; this one, when given, wins.")
     upstream: Upstream | None = None
     lookup: Lookup | None = None
     draft: Draft | None = None

@@ -18,6 +18,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from .input_schema import schema_problems
 from .issues import Issue, format_path, input_path, issues_from_validation_error, without_paths
 from .model import TOOL_NAME_PATTERN, UNDOABLE, Effect, Lifecycle, ToolManifest
 from .places import READER_PLACES, names_at
@@ -314,6 +315,13 @@ def upstream_url_placeholders_have_two_braces(m: ToolManifest) -> Iterator[Findi
                                f"the braces as written): write {{{{args.{arg}}}}}")
 
 
+def input_schema_is_bounded_json_schema(m: ToolManifest) -> Iterator[Finding]:
+    """``input_schema`` is a JSON Schema 2020-12 object schema the gateway can evaluate on
+    every call: bounded in size and depth, references inside itself only."""
+    if m.input_schema is not None:
+        yield from schema_problems(m.input_schema)
+
+
 MANIFEST_RULES: tuple[Rule, ...] = (
     tool_name_is_well_formed,
     permission_has_no_whitespace,
@@ -335,6 +343,7 @@ MANIFEST_RULES: tuple[Rule, ...] = (
     upstream_has_one_target,
     upstream_url_host_is_fixed,
     upstream_url_placeholders_have_two_braces,
+    input_schema_is_bounded_json_schema,
 )
 
 

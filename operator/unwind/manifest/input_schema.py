@@ -1,0 +1,174 @@
+"""Argument schemas (``input_schema``): JSON Schema 2020-12, bounded.
+
+A manifest's ``input_schema`` describes the call's arguments; the gateway serves it as the
+tool's MCP ``inputSchema`` and checks every call's arguments against it at both doors
+before anything is recorded. The checking is the ``jsonschema`` library's (the ecosystem's
+reference implementation), with bounds, because a schema is read from a manifest or an
+upstream and evaluated on every call:
+
+- the dialect is always 2020-12 (a ``$schema`` naming another is refused, not followed);
+- ``$ref`` / ``$dynamicRef`` point inside the schema only (``#...``): nothing is fetched;
+- a schema is at most ``MAX_SCHEMA_BYTES`` as compact JSON and nests at most
+  ``MAX_SCHEMA_DEPTH`` levels;
+- the root is an object schema (``type: object``), as MCP requires of ``inputSchema``;
+- ``format`` is an annotation (2020-12's default): not asserted;
+- at most ``MAX_ERRORS`` problems are reported per call, each message cut at 200 characters.
+
+Pure: no gateway, no I/O.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import re
+from collections.abc import Iterator, Sequence
+from itertools import islice
+from typing import Any
+
+DIALECT = "https://json-schema.org/draft/2020-12/schema"
+MAX_SCHEMA_BYTES = 64 * 1024
+MAX_SCHEMA_DEPTH = 32
+MAX_ERRORS = 3
+_PLAIN_KEY = re.compile(r"[A-Za-z0-9_$-]+")  # fullmatch
+
+
+def field_path(root: str, parts: Sequence[Any]) -> str:
+    """``arguments.items[0].name``; a key that is not plain is written ``["a b"]``."""
+    out = root
+    for part in parts:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif _PLAIN_KEY.fullmatch(str(part)):
+            out += f".{part}"
+        else:
+            out += f"[{json.dumps(str(part), ensure_ascii=False)}]"
+    return out
+
+
+def _depth(value: Any) -> int:
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict | list):
+            deepest = max(deepest, depth)
+            if depth <= MAX_SCHEMA_DEPTH:  # past the bound: known too deep, stop walking
+                stack.extend((v, depth + 1) for v in (item.values() if isinstance(item, dict)
+                                                      else item))
+    return deepest
+
+
+def _refs(node: Any, path: tuple[Any, ...] = ()) -> Iterator[tuple[tuple[Any, ...], str, Any]]:
+    """Every ``$ref`` / ``$dynamicRef`` / ``$schema`` value with its path."""
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key in ("$ref", "$dynamicRef", "$schema"):
+                yield (*path, key), key, value
+            yield from _refs(value, (*path, key))
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            yield from _refs(value, (*path, i))
+
+
+def schema_problems(schema: Any, root: str = "input_schema") -> list[tuple[str, str]]:
+    """Why ``schema`` cannot serve as an argument schema: ``(field path, message)`` pairs,
+    empty when it can."""
+    from jsonschema import Draft202012Validator
+    from jsonschema.exceptions import SchemaError
+
+    if not isinstance(schema, dict):
+        return [(root, "must be a JSON Schema object, e.g. {type: object, properties: {...}}")]
+    try:
+        size = len(json.dumps(schema, separators=(",", ":"), ensure_ascii=False,
+                              allow_nan=False).encode())
+    except (TypeError, ValueError) as exc:
+        return [(root, f"is not JSON: {exc}")]
+    if size > MAX_SCHEMA_BYTES:
+        return [(root, f"is {size} bytes as JSON, more than the {MAX_SCHEMA_BYTES // 1024} KiB an "
+                 "argument schema may have: describe the arguments, not every value")]
+    if _depth(schema) > MAX_SCHEMA_DEPTH:
+        return [(root, f"nests deeper than {MAX_SCHEMA_DEPTH} levels: use $defs and $ref")]
+    problems: list[tuple[str, str]] = []
+    for path, key, value in _refs(schema):
+        where = field_path(root, path)
+        if key == "$schema":
+            if value not in (DIALECT, DIALECT + "#"):
+                problems.append((where, f"{value!r}: argument schemas are read as JSON Schema "
+                                 f"2020-12 only; remove $schema or write {DIALECT}"))
+        elif not isinstance(value, str) or not value.startswith("#"):
+            problems.append((where, f"{value!r} points outside the schema: write references "
+                             "as #/$defs/<name> (the gateway fetches no schema)"))
+    if problems:
+        return problems
+    try:
+        Draft202012Validator.check_schema(schema)
+    except SchemaError as exc:
+        return [(field_path(root, list(exc.absolute_path)),
+                 f"is not valid JSON Schema 2020-12: {_cut(exc.message)}")]
+    if schema.get("type") != "object":
+        return [(f"{root}.type", "the arguments are an object: write type: object (MCP requires "
+                 "an object schema)")]
+    return []
+
+
+@functools.lru_cache(maxsize=512)
+def _compiled(text: str) -> Any:
+    from jsonschema import Draft202012Validator
+    from referencing import Registry
+
+    # An empty registry that retrieves nothing: a $ref that escapes the schema fails
+    # (Unresolvable) instead of reaching the network or the disk.
+    return Draft202012Validator(json.loads(text), registry=Registry())
+
+
+def compiled(schema: dict[str, Any]) -> Any:
+    """The validator of a schema that passed ``schema_problems`` (cached by content)."""
+    return _compiled(json.dumps(schema, sort_keys=True, separators=(",", ":"),
+                                ensure_ascii=False))
+
+
+class SchemaUnusable(Exception):
+    """The schema cannot be evaluated on these arguments (a $ref loop, an unresolvable
+    reference): the manifest's fault, not the caller's."""
+
+
+def argument_problems(schema: dict[str, Any], arguments: Any,
+                      root: str = "arguments") -> list[tuple[str, str]]:
+    """The arguments' problems against ``schema``: ``(field path, message)`` pairs, at most
+    ``MAX_ERRORS``, the shallowest first; empty when they conform."""
+    from jsonschema.exceptions import ValidationError
+    from referencing.exceptions import Unresolvable
+
+    validator = compiled(schema)
+    try:
+        errors: list[ValidationError] = list(islice(validator.iter_errors(arguments), 32))
+    except RecursionError:
+        raise SchemaUnusable("the schema recurses without end on these arguments (a $ref "
+                             "loop?)") from None
+    except Unresolvable as exc:
+        raise SchemaUnusable(f"a reference cannot be resolved: {_cut(str(exc))}") from None
+    errors.sort(key=lambda e: (len(e.absolute_path), [str(p) for p in e.absolute_path]))
+    out = []
+    for error in errors[:MAX_ERRORS]:
+        parts = list(error.absolute_path)
+        missing = _missing_property(error)
+        if missing is not None:
+            parts.append(missing)
+        out.append((field_path(root, parts), _cut(error.message)))
+    return out
+
+
+def _missing_property(error: Any) -> str | None:
+    """The property a ``required`` error names (the path then ends at it)."""
+    if error.validator != "required" or not isinstance(error.instance, dict):
+        return None
+    for name in error.validator_value or ():
+        if isinstance(name, str) and name not in error.instance \
+                and error.message.startswith(repr(name)):
+            return name
+    return None
+
+
+def _cut(text: str, limit: int = 200) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[:limit - 1] + "…"
