@@ -105,7 +105,8 @@ def test_an_approval_decision_without_a_reason_is_refused_as_null_unless_written
                                 created="2026-12-02T10:00:00Z")
     entry = Entry(id="charge-1", tool="stripe.create_charge", actor="agent", state="succeeded",
                   approval=EntryApproval(rules=ApprovalRulesRecord(roles=["finance"], quorum=1),
-                                         identities="kubernetes", decisions=[decision], state="approved"),
+                                         identities="kubernetes", decisions=[decision], state="approved",
+                                         message="approved by dave"),
                   times=Times(requested="2026-12-02T10:00:00Z"))
     with pytest.raises(client.ApiException) as refused:
         round_trip(k8s_api, namespace, "as-dumped", {"entries": [entry.to_json()]})
