@@ -245,8 +245,7 @@ def test_effects_and_url_templates_come_from_the_openapi_document() -> None:
     expected = {"type": "object", "properties": {"name": {"type": "string"}, "tags": {
         "type": "array", "items": {"type": "string"}}}, "required": ["name"]}
     assert create["schema_hash"] == schema_hash_of(expected)
-    if "input_schema" in create:  # written once the model has the field
-        assert create["input_schema"] == expected
+    assert create["input_schema"] == expected  # an HTTP tool's argument schema, served over MCP
 
 
 def test_openapi_drafts_validate_and_lint_lists_exactly_their_todos() -> None:
