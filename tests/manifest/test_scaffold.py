@@ -274,3 +274,15 @@ def test_a_document_that_is_not_openapi_is_refused(tmp_path: Path,
     (tmp_path / "x.yaml").write_text("name: not an api\n")
     code, _, err = run(capsys, "manifests", "scaffold", "--from-openapi", str(tmp_path / "x.yaml"))
     assert code == 1 and "not an OpenAPI document: it has no paths mapping" in err
+
+
+def test_a_hostile_source_cannot_write_outside_the_folder_or_template_the_host() -> None:
+    tools = [{"name": "../../etc/passwd", "inputSchema": {"type": "object"}}]
+    (draft,) = from_mcp(tools, URL)
+    assert "/" not in draft.filename and not draft.filename.startswith(".")
+    doc = {"openapi": "3.0.3", "servers": [{"url": "https://api.example.com"}],
+           "paths": {"x{host}": {"get": {"operationId": "get", "parameters": [
+               {"name": "host", "in": "path", "required": True, "schema": {"type": "string"}}]}}}}
+    (get,) = from_openapi(doc)
+    assert yaml.safe_load(get.text)["upstream"]["url"] == "https://api.example.com/x{{args.host}}"
+    checked([get])

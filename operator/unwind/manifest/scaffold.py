@@ -278,7 +278,9 @@ def from_openapi(doc: Mapping[str, Any], base_url: str | None = None, prefix: st
                 todo = ("an update is undone by writing the old value back: declare a capture "
                         "that reads it ($before), then effect: reversible with a compensation; "
                         "or keep irreversible")
-            upstream = CommentedMap([("url", base + _template(str(path), path_params)),
+            # a path always starts at a '/': a document's "x{host}" must not extend the host
+            route = "/" + str(path).lstrip("/")
+            upstream = CommentedMap([("url", base + _template(route, path_params)),
                                      ("method", method.upper())])
             description = op.get("summary") or op.get("description")
             bad = [n for n in path_params if not _ARG_NAME.fullmatch(n)]
