@@ -83,6 +83,20 @@ CASES = [
     ("an undo argument cannot read the idempotency key",
      with_(compensation__argument_map={"k": "$key"}),
      "compensation.argument_map.k", "an undo argument cannot read $key"),
+    ("an undo reading $before needs a capture",
+     with_(compensation__argument_map={"order_id": "$result.id", "email": "$before.email"}),
+     "compensation.argument_map.email", "the manifest declares no capture"),
+    ("a capture on a tool without an undo is refused",
+     with_(effect="read_only", compensation=DELETE, capture={"tool": "shop.get_order"}),
+     "capture", "has no undo to read the captured state"),
+    ("a capture argument cannot read the call's answer (there is none yet)",
+     with_(capture={"tool": "shop.get_order", "arguments": {"id": "$result.id"}}),
+     "capture.arguments.id", "a capture argument (it runs before the call, which has no "
+     "answer yet) cannot read $result"),
+    ("a lookup cannot read the captured state",
+     with_(capture={"tool": "shop.get_order", "arguments": {"id": "$args.order_id"}},
+           lookup={"tool": "shop.get_order", "by": "id", "arguments": {"id": "$before.id"}}),
+     "lookup.arguments.id", "a lookup by id cannot read $before (the captured state)"),
     ("an inverse cannot list residue",
      with_(effect="reversible", compensation__kind="inverse", compensation__residue=["a trace"]),
      "compensation.residue", "cannot leave residue"),
@@ -273,6 +287,26 @@ def test_a_lookup_tool_must_be_read_only() -> None:
     data = with_(lookup={"tool": "shop.cancel_order", "by": "id", "arguments": {"id": "$args.order_id"}})
     issues = validate_set(parsed(data, READ, CANCEL))
     assert [i.path for i in issues] == ["lookup.tool"]
+
+
+def test_a_capture_tool_must_exist_and_be_read_only() -> None:
+    capture = {"tool": "shop.cancel_order", "arguments": {"order_id": "$args.order_id"}}
+    issues = validate_set(parsed(with_(capture=capture), READ, CANCEL))
+    assert [(i.path, i.message) for i in issues] == [
+        ("capture.tool", "'shop.cancel_order' is idempotent; a read-back tool must be read_only")]
+    issues = validate_set(parsed(with_(capture={**capture, "tool": "shop.read"}), READ, CANCEL))
+    assert [i.path for i in issues] == ["capture.tool"]
+    assert "has no manifest" in issues[0].message
+
+
+def test_an_undo_and_its_read_back_may_read_the_captured_state() -> None:
+    data = with_(capture={"tool": "shop.get_order", "arguments": {"order_id": "$args.order_id"}},
+                 compensation__argument_map={"order_id": "$result.id", "note": "$before.note?"},
+                 compensation__verification__arguments={"order_id": "$result.id",
+                                                        "v": "$before.version"},
+                 compensation__verification__expect={"note": "$before.note"})
+    assert issues_of(data) == []
+    assert validate_set(parsed(data, READ, CANCEL)) == []
 
 
 def test_duplicate_tool_names_are_refused() -> None:

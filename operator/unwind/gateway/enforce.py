@@ -4,8 +4,10 @@ In order, as docs/gateway.md lists them: the tool is served and enforceable; the
 form exists (for ``stage``); the permission is in scope; every ``requires`` tool succeeded
 earlier in the run; the upstream's input schema has not drifted; the idempotency key
 renders; the Idempotency-Key is free (or names a failed, refused, or now approved entry);
-no standing call holds the rendered key; approval; then write-ahead (the ``pending`` entry
-is stored before the upstream sees anything), the call, and the outcome.
+no standing call holds the rendered key; approval; the capture (a manifest's read-only
+``capture`` call reads the state the call changes; one that fails refuses the call); then
+write-ahead (the ``pending`` entry, with the captured state, is stored before the upstream
+sees anything), the call, and the outcome.
 
 A refusal is recorded as a ``refused`` entry with its code, except the answers that an
 entry already records (a repeat of an awaiting or denied call) and dry runs, which write
@@ -43,6 +45,7 @@ from ..ledger.handle import (
     build_handle,
     mask_answer,
     mask_text,
+    missing_captured,
     secret_texts,
     staged_handle,
 )
@@ -123,6 +126,7 @@ class _Call:
     warnings: list[str] = field(default_factory=list)
     existing: Entry | None = None
     record: bool = True  # whether a refusal is recorded as an entry
+    before: Any = None  # the capture's answer (None: no capture ran)
 
     def digest(self) -> str:
         return "sha256:" + hashlib.sha256(canonical_json(self.req.arguments)).hexdigest()
@@ -288,6 +292,7 @@ class Gateway:
         prepared = prepare(call_m, args, self.secrets, self._key_headers(c))
         holder = await self._take_key(c)
         try:
+            await self._capture(c)
             entry = await self._write_ahead(c)
         except BaseException:
             await self._release(c, holder)
@@ -532,13 +537,59 @@ class Gateway:
         reads from the arguments."""
         assert c.m is not None
         try:
-            kept = build_handle(c.m, c.req.arguments, {}, staged=c.req.stage, strict=True)
+            kept = build_handle(c.m, c.req.arguments, {}, staged=c.req.stage, strict=True,
+                                before=c.before)
         except HandleError as exc:
             raise Refusal("validation_error", f"the ledger cannot keep this call's arguments, "
                           f"so nothing is called: {exc.reason}: send smaller, flatter "
                           "arguments") from None
         entry = self._entry(c, "pending", handle=kept)
         return await self._store_new(c, entry)
+
+    async def _capture(self, c: _Call) -> None:
+        """The manifest's ``capture``: read the state the call changes, after the key is
+        taken and before the write-ahead, so the pending entry holds it. A capture that
+        cannot be read (its tool not served or not read_only, not sent, a timeout, an answer
+        that is not 2xx JSON, or one without a ``$before`` path the undo needs) refuses the
+        call: 502 upstream_error, and nothing reaches the call's upstream. A staged call
+        makes a draft, whose undo is its discard: it captures nothing."""
+        m = c.m
+        assert m is not None
+        cap = m.capture
+        if cap is None or c.req.stage:
+            return
+
+        def failed(why: str) -> Refusal:
+            return Refusal("upstream_error", f"the capture {cap.tool} of {m.tool} {why}, so "
+                           f"nothing was sent to {m.tool}'s upstream (the undo would have "
+                           "nothing to restore): try again once the capture answers",
+                           {"capture": cap.tool})
+        served = self.catalogue.get(cap.tool)
+        if served is None or not served.manifest.enforceable:
+            raise failed("is not served here")
+        if served.manifest.effect != Effect.read_only:
+            raise failed(f"is {served.manifest.effect}, not read_only")
+        args, missing = resolve_map(cap.arguments, c.req.arguments, None)
+        if missing:
+            raise Refusal("validation_error", f"the capture {cap.tool} of {m.tool} cannot be "
+                          "filled from the call's arguments: " + "; ".join(missing))
+        try:
+            prepared = prepare(served.manifest, args, self.secrets, {})
+        except Refusal as exc:
+            raise failed(f"could not be sent ({exc.message})") from None
+        answer = await self.upstream.send(prepared)
+        if answer.kind != "ok":
+            why = {"error_status": f"answered {answer.status}",
+                   "timeout": "timed out",
+                   "not_json": f"answered {answer.status} with a body that is not JSON"}.get(
+                       answer.kind, f"failed ({answer.text or answer.kind})")
+            raise failed(why)
+        before = answer.data if answer.data is not None else {}
+        gaps = missing_captured(m, before)
+        if gaps:
+            raise failed("answered without a value the undo needs: " + "; ".join(gaps))
+        c.before = before
+        c.secrets = secret_texts(m, c.req.arguments, None, before)
 
     async def _await_approval(self, c: _Call, rules: ApprovalRules) -> CallResult:
         entry = self._entry(c, "awaiting_approval",
@@ -581,9 +632,9 @@ class Gateway:
         handle = kept
         if state == "succeeded":
             try:
-                c.secrets = secret_texts(m, c.req.arguments, answer.data)  # $result too
+                c.secrets = secret_texts(m, c.req.arguments, answer.data, c.before)  # $result too
                 handle = build_handle(m, c.req.arguments, answer.data, staged=c.req.stage,
-                                      strict=True)
+                                      strict=True, before=c.before)
                 if c.req.stage and m.draft is not None:
                     staged = Staged(draft_tool=m.draft.tool, promote=m.draft.promote,
                                     handle=staged_handle(m, c.req.arguments, answer.data,

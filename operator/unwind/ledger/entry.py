@@ -43,6 +43,8 @@ class Handle(_Model):
 
     args: dict[str, Any] = Field(default_factory=dict, description="Kept call arguments (paths as in the call).")
     result: Any = Field(default_factory=dict, description="Kept parts of the upstream's answer.")
+    before: Any = Field(None, description="Kept parts of the state the manifest's capture read before "
+                                          "the call ($before paths the undo names); null without a capture.")
 
 
 class Staged(_Model):

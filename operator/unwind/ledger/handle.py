@@ -147,15 +147,16 @@ def mask_paths(value: Any, at: Ref, redacted: Iterable[Ref]) -> Any:
 
 
 def build_handle(m: ToolManifest, args: Any, result: Any, *, staged: bool = False,
-                 strict: bool = False) -> Handle:
+                 strict: bool = False, before: Any = None) -> Handle:
     """The handle of a finished call: the kept values at their paths, redaction applied.
     A value the ledger cannot store (see the module docstring) raises HandleError when
     ``strict`` (the gateway recording a call), else it is left out, as if absent (a
-    report of a refused call or a dry run)."""
-    trees: dict[str, Any] = {"args": {}, "result": {}}
+    report of a refused call or a dry run). ``before`` is the capture's answer: its
+    ``$before`` paths are kept in ``handle.before`` (None when nothing was captured)."""
+    trees: dict[str, Any] = {"args": {}, "result": {}, "before": {}}
     redacted = redaction_references(m)
     for where, ref in kept_references(m, staged=staged):
-        value = resolve(ref, args, result)
+        value = resolve(ref, args, result, None, before)
         if isinstance(value, Missing):
             continue
         try:
@@ -170,7 +171,21 @@ def build_handle(m: ToolManifest, args: Any, result: Any, *, staged: bool = Fals
             trees[ref.root] = _mask(trees[ref.root], ref.path)
     if strict:
         _size_checked("the handle", trees)
-    return Handle(args=trees["args"], result=trees["result"])
+    return Handle(args=trees["args"], result=trees["result"],
+                  before=trees["before"] if before is not None else None)
+
+
+def missing_captured(m: ToolManifest, before: Any) -> list[str]:
+    """The required ``$before`` references the capture's answer does not hold, as
+    sentences: a call whose undo would need them is refused before it is sent."""
+    out = []
+    for where, ref in kept_references(m):
+        if ref.root != "before" or ref.optional:
+            continue
+        value = resolve(ref, None, None, None, before)
+        if isinstance(value, Missing):
+            out.append(f"{where} reads {ref.text()}: {value.reason}")
+    return out
 
 
 def staged_handle(m: ToolManifest, args: Any, result: Any,
@@ -206,11 +221,13 @@ def mask_answer(m: ToolManifest, data: Any, secrets: list[str]) -> Any:
     return mask_value(data, secrets)
 
 
-def secret_texts(m: ToolManifest, args: Any, result: Any = None) -> list[str]:
+def secret_texts(m: ToolManifest, args: Any, result: Any = None, before: Any = None) -> list[str]:
     """The text of every redacted value present in this call, longest first, for masking."""
     texts: set[str] = set()
     for ref in redaction_references(m):
-        value = resolve(ref, args, result)
+        if ref.root == "before" and before is None:
+            continue
+        value = resolve(ref, args, result, None, before)
         if isinstance(value, Missing):
             continue
         for leaf in _leaves(value):

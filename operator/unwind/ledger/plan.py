@@ -31,6 +31,7 @@ from typing import Any, Literal
 
 from ..manifest.model import Effect, ToolManifest
 from ..manifest.refs import Missing, Ref, parse_ref, resolve
+from ..manifest.undo_refs import before_reference, guarded_fields
 from .entry import Entry, Handle, Staged, parse_stamp, stamp
 from .handle import kept_references, redacted_needs
 from .report import deadline_ms
@@ -58,6 +59,9 @@ class ReadBack:
     expect: dict[str, Any]
     retries: int
     backoff_ms: int
+    # With a capture: expect path -> what the call left there ($result at that path). The
+    # step reads the state first and stops ("diverged") when a field no longer holds it.
+    left: Mapping[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -193,7 +197,14 @@ def _undo(entry: Entry, m: ToolManifest, now: datetime, refs: _Refs) -> Step:
         if missing:
             return _report(entry, "unrecoverable", "the read-back cannot be built: "
                            + "; ".join(missing))
-        read_back = ReadBack(v.tool, args, dict(v.expect), v.retries, v.backoff_ms)
+        expect, missing = _expected(compiled.expect, handle, entry.key)
+        if missing:
+            return _report(entry, "unrecoverable", "the read-back cannot be built: "
+                           + "; ".join(missing))
+        was_left = {path: value for path, ref in compiled.guarded
+                    if not isinstance(value := resolve(ref, handle.args, handle.result,
+                                                       entry.key, handle.before), Missing)}
+        read_back = ReadBack(v.tool, args, expect, v.retries, v.backoff_ms, was_left or None)
     kind: Action = "inverse" if c.kind == "inverse" else "compensate"
     # An interrupted inverse is finished with the same step even past the deadline: it
     # may have been applied already, and its idempotency key makes the retry harmless.
@@ -209,14 +220,21 @@ def _undo(entry: Entry, m: ToolManifest, now: datetime, refs: _Refs) -> Step:
                            f"{stamp(end)}, and the manifest declares no compensation for "
                            "after the deadline")
     verified = f", read back with {read_back.tool}" if read_back else ", not read back"
+    captured = guard = ""
+    if m.capture is not None:
+        captured = f" (as {m.capture.tool} read it before the call)"
+        if read_back is not None and read_back.left:
+            guard = (f"; it first checks that {', '.join(read_back.left)} still hold what the "
+                     "call left (else the step is diverged and changes nothing)")
     if kind == "inverse":
         until = ""
         if c.deadline is not None and entry.times.finished is not None:
             left = deadline_ms(m, handle, entry.times.finished) or 0
             until = f" (possible until {stamp(parse_stamp(entry.times.finished) + timedelta(milliseconds=left))})"
-        reason = f"{m.effect}: the inverse {c.tool} restores the prior state{until}{verified}"
+        reason = (f"{m.effect}: the inverse {c.tool} restores the prior state{captured}{until}"
+                  f"{verified}{guard}")
     else:
-        reason = f"{m.effect}: {c.tool} makes amends{verified}"
+        reason = f"{m.effect}: {c.tool} makes amends{captured}{verified}{guard}"
         if c.residue:
             reason += "; it leaves residue"
     return Step(entry.id, entry.tool, kind, c.tool, undo_args, tuple(c.residue),
@@ -278,6 +296,11 @@ class _Compiled:
         self.undo = parse(c.argument_map) if c else []
         self.verification = parse(c.verification.arguments) if c and c.verification else []
         self.lookup = parse(m.lookup.arguments) if m.lookup else []
+        v = c.verification if c else None
+        # expect: a $before reference is resolved from the handle; any other value is literal
+        self.expect: list[tuple[str, Any, Ref | None]] = [
+            (path, raw, before_reference(raw)) for path, raw in (v.expect.items() if v else ())]
+        self.guarded = guarded_fields(m)
         needs = [(w, r) for w, r in kept_references(m) if w.startswith("compensation.argument_map.")]
         self.masked = "; ".join(redacted_needs(m, needs))
 
@@ -300,12 +323,29 @@ def _resolve(refs: list[tuple[str, Ref]], handle: Handle,
     out: dict[str, Any] = {}
     missing: list[str] = []
     for name, ref in refs:
-        value = resolve(ref, handle.args, handle.result, key)
+        value = resolve(ref, handle.args, handle.result, key, handle.before)
         if isinstance(value, Missing):
             if not ref.optional:
                 missing.append(f"{name}: {value.reason}")
         else:
             out[name] = value
+    return out, missing
+
+
+def _expected(expect: list[tuple[str, Any, Ref | None]], handle: Handle,
+              key: str | None) -> tuple[dict[str, Any], list[str]]:
+    """The verification's ``expect`` with each ``$before`` reference resolved."""
+    out: dict[str, Any] = {}
+    missing: list[str] = []
+    for path, raw, ref in expect:
+        if ref is None:
+            out[path] = raw
+            continue
+        value = resolve(ref, handle.args, handle.result, key, handle.before)
+        if isinstance(value, Missing):
+            missing.append(f"expect {path}: {value.reason}")
+        else:
+            out[path] = value
     return out, missing
 
 

@@ -73,6 +73,10 @@ class ReadBackInput(_Model):
     expect: dict[str, Any] = Field(min_length=1)
     retries: int = Field(ge=1, le=10)
     backoff_ms: int = Field(ge=0)
+    left: dict[str, Any] | None = Field(
+        None, description="With a capture: expect path -> what the call left there. The runner "
+                          "reads the state before the undo and reports diverged when a field "
+                          "no longer holds it.")
 
 
 class EffectInput(_Model):
@@ -110,12 +114,15 @@ def step_input(ledger: str, step: Step, entry: Entry, versions: Versions, *,
         out["verification"] = {"manifest": _today(versions, v.tool, step).canonical_dict(),
                                "arguments": v.arguments, "expect": v.expect,
                                "retries": v.retries, "backoff_ms": v.backoff_ms}
+        if v.left:
+            out["verification"]["left"] = dict(v.left)
     if step.action == "lookup":
         m, _ = versions.of(entry)
         if m is None:
             raise PlanError(f"no manifest of {entry.tool} for entry {entry.id}")
         out["effect"] = {"manifest": m.canonical_dict(),
-                         "handle": (entry.handle or Handle()).model_dump(mode="json")}
+                         "handle": (entry.handle or Handle()).model_dump(mode="json",
+                                                                         exclude_none=True)}
     return out
 
 

@@ -54,10 +54,11 @@ OptDuration = Annotated[int | None, BeforeValidator(_duration), _DURATION_SCHEMA
 Reference = Annotated[
     Any,
     WithJsonSchema({
-        "anyOf": [{"type": "string", "pattern": r"^\$(args|result|key)"},
+        "anyOf": [{"type": "string", "pattern": r"^\$(args|result|key|before)"},
                   {"type": "object", "properties": {"const": {}}, "required": ["const"],
                    "additionalProperties": False}],
-        "description": "A reference: $args.<path>, $result.<path>, $key, or {const: <value>}. "
+        "description": "A reference: $args.<path>, $result.<path>, $before.<path>, $key, or "
+                       "{const: <value>}. "
                        "A trailing ? makes it optional.",
     }),
 ]
@@ -115,6 +116,14 @@ class Verification(Strict):
     expect: dict[str, Any] = Field(description="Dotted path in the answer → expected value (deep equal). At least one entry.")
     retries: int = Field(3, ge=1, le=10, description="Attempts, 1 to 10.")
     backoff_ms: Duration = Field(1000, description="Wait before the second attempt; doubled after each.")
+
+
+class Capture(Strict):
+    """A read-only call the gateway makes before the effect, to keep the state the call
+    changes: the undo reads it as $before.<path>."""
+
+    tool: ToolName = Field(description="A registered read_only tool that reads the state the call changes.")
+    arguments: dict[str, Reference] = Field(default_factory=dict, description="References to the call's arguments ($args) or literals.")
 
 
 class Deadline(Strict):
@@ -267,6 +276,7 @@ class ToolManifest(Strict):
     upstream: Upstream | None = None
     lookup: Lookup | None = None
     draft: Draft | None = None
+    capture: Capture | None = Field(None, description="Read the state the call changes before it runs; the undo reads it as $before.<path>.")
 
     @model_validator(mode="before")
     @classmethod

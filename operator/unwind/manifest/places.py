@@ -36,6 +36,7 @@ READER_PLACES: tuple[ToolPlace, ...] = (
     ToolPlace(("draft", "tool"), "the tool that stages the call"),
     ToolPlace(("draft", "promote"), "the tool that makes a draft real"),
     ToolPlace(("draft", "discard"), "the tool that drops a draft"),
+    ToolPlace(("capture", "tool"), "the read-only tool that captures the state a call changes"),
 )
 SHORTHANDS: dict[tuple[str, ...], tuple[str, ...]] = {("requires", EACH, "tool"): ("requires", EACH)}
 

@@ -4,6 +4,8 @@ lookup and draft arguments, and deadlines.
     $args.<path>     a value from the call's arguments
     $result.<path>   a value from the upstream's answer
     $key             the idempotency key (lookups only)
+    $before.<path>   a value of the state the manifest's ``capture`` read before the call
+                     (the undo's arguments and its verification only)
     {const: <v>}     a literal
 
 A path is dotted names with ``[n]`` or ``.n`` indices; a trailing ``?`` makes the value
@@ -18,7 +20,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Literal
 
-Root = Literal["args", "result", "key", "const"]
+Root = Literal["args", "result", "key", "const", "before"]
 Segment = str | int
 
 _NAME = re.compile(r"[A-Za-z0-9_\-]+")
@@ -63,8 +65,8 @@ def parse_ref(raw: Any) -> Ref:
         )
     if not isinstance(raw, str):
         raise RefSyntaxError(
-            f"{raw!r} is not a reference: write $args.<path>, $result.<path>, $key "
-            "or {const: <value>}"
+            f"{raw!r} is not a reference: write $args.<path>, $result.<path>, "
+            "$before.<path>, $key or {const: <value>}"
         )
     text = raw.strip()
     optional = text.endswith("?")
@@ -72,7 +74,7 @@ def parse_ref(raw: Any) -> Ref:
         text = text[:-1]
     if text == "$key":
         return Ref(root="key", optional=optional)
-    for root in ("args", "result"):
+    for root in ("args", "result", "before"):
         prefix = "$" + root
         if text == prefix:
             raise RefSyntaxError(f"{raw!r} names no field: write {prefix}.<field>")
@@ -80,8 +82,8 @@ def parse_ref(raw: Any) -> Ref:
             start = len(raw) - len(raw.lstrip()) + len(prefix)  # where the path begins in raw
             return Ref(root=root, path=_parse_path(raw, text[len(prefix):], start), optional=optional)
     raise RefSyntaxError(
-        f"{raw!r} is not a reference{_suggestion(text)}: it must start with $args., $result. "
-        "or be $key (or a literal {const: <value>})"
+        f"{raw!r} is not a reference{_suggestion(text)}: it must start with $args., $result., "
+        "$before. or be $key (or a literal {const: <value>})"
     )
 
 
@@ -91,7 +93,7 @@ def _suggestion(text: str) -> str:
     if not match:
         return ""
     word, rest = match.groups()
-    close = difflib.get_close_matches(word.lower(), ["args", "result", "key"], n=1, cutoff=0.6)
+    close = difflib.get_close_matches(word.lower(), ["args", "result", "key", "before"], n=1, cutoff=0.6)
     if not close:
         return ""
     if close[0] == "key":
@@ -131,13 +133,18 @@ def _parse_path(raw: str, rest: str, start: int = 0) -> tuple[Segment, ...]:
     return tuple(segments)
 
 
-def resolve(ref: Ref, args: Any, result: Any, key: str | None = None) -> Any | Missing:
-    """Return the referenced value, or Missing with the reason."""
+def resolve(ref: Ref, args: Any, result: Any, key: str | None = None,
+            before: Any = None) -> Any | Missing:
+    """Return the referenced value, or Missing with the reason. ``before`` is the state the
+    capture read before the call (None: nothing was captured)."""
     if ref.root == "const":
         return ref.value
     if ref.root == "key":
         return key if key is not None else Missing("no idempotency key was sent")
-    current = args if ref.root == "args" else result
+    if ref.root == "before" and before is None:
+        return Missing("nothing was captured before the call (the manifest declares no "
+                       "capture, or the entry was recorded without one)")
+    current = {"args": args, "result": result, "before": before}[ref.root]
     walked = "$" + ref.root
     for seg in ref.path:
         if isinstance(seg, int) and isinstance(current, list):
@@ -155,7 +162,7 @@ def resolve(ref: Ref, args: Any, result: Any, key: str | None = None) -> Any | M
 
 
 def resolve_map(
-    mapping: dict[str, Any], args: Any, result: Any, key: str | None = None
+    mapping: dict[str, Any], args: Any, result: Any, key: str | None = None, before: Any = None
 ) -> tuple[dict[str, Any], list[str]]:
     """Resolve an argument map. Optional missing values are dropped; each required missing
     value adds a reason (a non-empty list means the follow-up call is unavailable)."""
@@ -163,7 +170,7 @@ def resolve_map(
     missing: list[str] = []
     for name, raw in mapping.items():
         ref = parse_ref(raw)
-        value = resolve(ref, args, result, key)
+        value = resolve(ref, args, result, key, before)
         if isinstance(value, Missing):
             if not ref.optional:
                 missing.append(f"{name}: {value.reason}")

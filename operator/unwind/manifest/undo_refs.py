@@ -1,7 +1,10 @@
 """The values an undo needs, and whether redaction masks one of them (pure).
 
 A ledger entry keeps only the values that the compensation's argument map and
-verification, its deadline, the lookup and a draft's handle name. ``audit.redaction``
+verification, its deadline, the lookup and a draft's handle name. With a ``capture``, it
+also keeps the captured values those places (and the verification's ``expect``) read as
+``$before.<path>``, and the call's answer at each ``expect`` path (``$result.<path>``,
+what the call left there: the undo compares it with the current state before restoring). ``audit.redaction``
 masks values in the ledger; a masked value that an undo needs makes that undo unavailable.
 The gateway uses this when it records an entry, and lint (L036) when a manifest is written.
 """
@@ -35,8 +38,50 @@ def kept_references(m: ToolManifest, *, staged: bool = False) -> Iterator[tuple[
             ref = parse_ref(raw)
         except RefSyntaxError:
             continue  # the validator refuses such a manifest before it is served
-        if ref.root in ("args", "result"):
+        if ref.root in ("args", "result", "before"):
             yield where, ref
+    yield from expect_before_references(m)
+    yield from (("compensation.verification.expect." + path, ref)
+                for path, ref in guarded_fields(m))
+
+
+def expect_before_references(m: ToolManifest) -> Iterator[tuple[str, Ref]]:
+    """(where, reference) for each ``verification.expect`` value written ``$before.<path>``:
+    the undo expects the captured value back."""
+    v = m.compensation.verification if m.compensation else None
+    for path, raw in (v.expect.items() if v is not None else ()):
+        ref = before_reference(raw)
+        if ref is not None:
+            yield f"compensation.verification.expect.{path}", ref
+
+
+def before_reference(raw: Any) -> Ref | None:
+    """``raw`` as a ``$before`` reference when it is written as one (else None: a literal)."""
+    if not isinstance(raw, str) or not raw.strip().startswith("$before"):
+        return None
+    try:
+        ref = parse_ref(raw)
+    except RefSyntaxError:
+        return None
+    return ref if ref.root == "before" else None
+
+
+def guarded_fields(m: ToolManifest) -> list[tuple[str, Ref]]:
+    """The fields a call with a ``capture`` sets, as its verification's ``expect`` paths,
+    each with the optional ``$result`` reference to what the call left there. Before an
+    undo restores them it reads the current state and stops (``diverged``) when one no
+    longer holds what the call left. Empty without a capture or a verification."""
+    v = m.compensation.verification if m.compensation else None
+    if m.capture is None or v is None:
+        return []
+    out = []
+    for path in v.expect:
+        try:
+            ref = parse_ref(f"$result.{path}")
+        except RefSyntaxError:
+            continue
+        out.append((path, Ref(root="result", path=ref.path, optional=True)))
+    return out
 
 
 def redaction_references(m: ToolManifest) -> list[Ref]:

@@ -23,7 +23,7 @@ from .issues import Issue, format_path, input_path, issues_from_validation_error
 from .model import TOOL_NAME_PATTERN, UNDOABLE, Effect, Lifecycle, ToolManifest
 from .places import READER_PLACES, names_at
 from .refs import RefSyntaxError, parse_ref
-from .undo_refs import overlaps, redaction_references
+from .undo_refs import before_reference, overlaps, redaction_references
 
 Finding = tuple[str, str]
 Rule = Callable[[ToolManifest], Iterator[Finding]]
@@ -33,7 +33,8 @@ _PLACEHOLDER = re.compile(r"\{\{\s*([^}]*?)\s*\}\}")
 _ARGS_PLACEHOLDER = re.compile(r"args\.[A-Za-z0-9_\-]+(\.[A-Za-z0-9_\-]+)*")  # fullmatch
 _HEADER_NAME = re.compile(r"[A-Za-z0-9-]{1,64}")  # fullmatch
 _ARGUMENT_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # fullmatch
-_ROOT_WORDS = {"args": "$args", "result": "$result", "key": "$key", "const": "a {const: ...} literal"}
+_ROOT_WORDS = {"args": "$args", "result": "$result", "key": "$key", "const": "a {const: ...} literal",
+               "before": "$before (the captured state)"}
 
 
 def _a(word: str) -> str:
@@ -109,19 +110,21 @@ def requires_has_no_duplicates(m: ToolManifest) -> Iterator[Finding]:
 def _reference_places(m: ToolManifest) -> Iterator[tuple[str, Any, frozenset[str], str]]:
     """Every place that holds a reference, with the roots it may read and why."""
     plain = frozenset({"args", "result", "const"})
+    undo = plain | {"before"}  # $before without a capture: before_needs_a_capture says so
     c = m.compensation
     if c:
         for name, ref in c.argument_map.items():
-            yield f"compensation.argument_map.{name}", ref, plain, "an undo argument"
+            yield f"compensation.argument_map.{name}", ref, undo, "an undo argument"
         if c.verification:
             for name, ref in c.verification.arguments.items():
-                yield (f"compensation.verification.arguments.{name}", ref, plain,
+                yield (f"compensation.verification.arguments.{name}", ref, undo,
                        "a verification argument")
         if c.deadline and c.deadline.at is not None:
             yield "compensation.deadline.at", c.deadline.at, frozenset({"result"}), "deadline.at"
     if m.audit:
         for i, ref in enumerate(m.audit.redaction):
-            yield f"audit.redaction[{i}]", ref, frozenset({"args", "result"}), "a redaction path"
+            yield (f"audit.redaction[{i}]", ref, frozenset({"args", "result", "before"}),
+                   "a redaction path")
     if m.lookup:
         if m.lookup.by == "idempotency_key":
             roots = frozenset({"args", "key", "const"}) if m.idempotency else frozenset({"args", "const"})
@@ -136,6 +139,10 @@ def _reference_places(m: ToolManifest) -> Iterator[tuple[str, Any, frozenset[str
             yield f"draft.arguments.{name}", ref, frozenset({"args", "const"}), "a draft argument"
         for name, ref in m.draft.handle.items():
             yield f"draft.handle.{name}", ref, plain, "a draft handle"
+    if m.capture:
+        for name, ref in m.capture.arguments.items():
+            yield (f"capture.arguments.{name}", ref, frozenset({"args", "const"}),
+                   "a capture argument (it runs before the call, which has no answer yet)")
 
 
 def references_parse_and_read_allowed_roots(m: ToolManifest) -> Iterator[Finding]:
@@ -149,6 +156,41 @@ def references_parse_and_read_allowed_roots(m: ToolManifest) -> Iterator[Finding
         if ref.root not in roots:
             allowed = ", ".join(_ROOT_WORDS[r] for r in sorted(roots))
             yield path, (f"{why} cannot read {_ROOT_WORDS[ref.root]}; it may read {allowed}")
+
+
+def _before_readers(m: ToolManifest) -> Iterator[tuple[str, Any]]:
+    """(path, reference) for every place that reads ``$before``."""
+    c = m.compensation
+    if c is None:
+        return
+    places: list[tuple[str, Any]] = [(f"compensation.argument_map.{k}", v)
+                                     for k, v in c.argument_map.items()]
+    if c.verification:
+        places += [(f"compensation.verification.arguments.{k}", v)
+                   for k, v in c.verification.arguments.items()]
+        places += [(f"compensation.verification.expect.{k}", v)
+                   for k, v in c.verification.expect.items()]
+    for path, raw in places:
+        if before_reference(raw) is not None:
+            yield path, raw
+
+
+def before_needs_a_capture(m: ToolManifest) -> Iterator[Finding]:
+    """``$before.<path>`` reads what the capture read before the call: without a capture
+    there is nothing to read."""
+    if m.capture is not None:
+        return
+    for path, raw in _before_readers(m):
+        yield path, (f"reads {raw.strip()}, but the manifest declares no capture: add "
+                     "capture: {tool: <a read_only tool>, arguments: {...}} that reads the "
+                     "state the call changes")
+
+
+def capture_only_with_an_undo(m: ToolManifest) -> Iterator[Finding]:
+    """A capture keeps state for the undo: only a reversible or compensable tool has one."""
+    if m.capture is not None and m.effect not in UNDOABLE:
+        yield "capture", (f"{_a(m.effect)} tool has no undo to read the captured state: "
+                          "remove capture, or declare the tool reversible or compensable")
 
 
 def inverse_has_no_residue(m: ToolManifest) -> Iterator[Finding]:
@@ -330,6 +372,8 @@ MANIFEST_RULES: tuple[Rule, ...] = (
     no_self_reference,
     requires_has_no_duplicates,
     references_parse_and_read_allowed_roots,
+    before_needs_a_capture,
+    capture_only_with_an_undo,
     inverse_has_no_residue,
     deadline_bounds_an_inverse,
     retry_only_when_safe,
@@ -412,13 +456,16 @@ def referenced_tools_exist(ms: Sequence[ToolManifest], by: dict[str, ToolManifes
 
 
 def read_backs_are_read_only(ms: Sequence[ToolManifest], by: dict[str, ToolManifest]) -> Iterator[Issue]:
-    """Verification and lookup tools only read: a read-back must not change anything."""
+    """Verification, lookup and capture tools only read: a read-back must not change
+    anything."""
     for i, m in enumerate(ms):
         targets = []
         if m.compensation and m.compensation.verification:
             targets.append(("compensation.verification.tool", m.compensation.verification.tool))
         if m.lookup:
             targets.append(("lookup.tool", m.lookup.tool))
+        if m.capture:
+            targets.append(("capture.tool", m.capture.tool))
         for path, name in targets:
             other = by.get(name)
             if other is not None and other.effect != Effect.read_only:

@@ -11,8 +11,16 @@ the key is Unwind's own, so sending it costs nothing where it is ignored, and le
 upstream that honours the header deduplicate a retried undo. Lookups and read-backs are
 reads and carry no key.
 
+When the tool captured the state it changed (``capture``), the read-back says which fields
+the call set and what it left there (``verification.left``): before restoring, the runner
+reads the state with the verification tool, and if a field no longer holds what the call
+left (someone changed it since), the step ends ``diverged`` and calls nothing, rather than
+overwrite that later change. A state that already reads as expected (an undo applied
+before its outcome was recorded) counts as undone without a second call.
+
 The result is one JSON object (docs/rollback.md, "The step runner"): whether the step
-succeeded, what the entry becomes, and why, with the first mismatch of a failed read-back.
+succeeded, what the entry becomes, and why, with the first mismatch of a failed read-back
+(or, for a diverged step, what it found).
 It always fits a Job's termination message (4096 bytes).
 """
 
@@ -74,6 +82,10 @@ async def run_step(spec: StepInput, upstream: Upstream, secrets: Secrets, *,
 async def _undo(spec: StepInput, upstream: Upstream, secrets: Secrets, result: dict[str, Any],
                 sleep: Sleep) -> None:
     m, step = spec.manifest, spec.step
+    guarded = spec.verification is not None and bool(spec.verification.left)
+    if guarded and step.action != "discard" and not await _still_as_left(spec, upstream,
+                                                                           secrets, result):
+        return
     args = dict(step.arguments or {})
     headers: dict[str, str] = {}
     carrier = m.idempotency.carrier if m.idempotency else None
@@ -114,6 +126,41 @@ async def _undo(spec: StepInput, upstream: Upstream, secrets: Secrets, result: d
                          f"{v.manifest.tool} did not match in {v.retries} attempts: {first}")
 
 
+async def _still_as_left(spec: StepInput, upstream: Upstream, secrets: Secrets,
+                         result: dict[str, Any]) -> bool:
+    """Before restoring captured state: True when every field the call set still holds what
+    the call left. Otherwise the step is settled here, nothing called: ``diverged`` (someone
+    changed a field since), ``undone`` (it already reads as restored), or ``undo_failed``
+    (the state could not be read)."""
+    m, v = spec.manifest, spec.verification
+    assert v is not None and v.left
+    read = await _send(v.manifest, dict(v.arguments), secrets, {}, upstream)
+    result["verification"] = {"tool": v.manifest.tool, "attempts": 0, "matched": False,
+                              "before_undo": True}
+    if read.kind != "ok":
+        result.update(outcome="undo_failed", entry_state="undo_failed",
+                      reason=f"{v.manifest.tool} could not read the state before {m.tool} "
+                             f"restores it: {_failure(read)}; nothing was called")
+        return False
+    found = first_mismatch(v.left, read.data)
+    if found is None:
+        return True
+    if first_mismatch(v.expect, read.data) is None:
+        result["verification"]["matched"] = True
+        result.update(ok=True, outcome="undone", entry_state="undone",
+                      reason=f"{v.manifest.tool} reads the state from before the call already "
+                             f"(an earlier undo was applied): {m.tool} was not called again")
+        return False
+    result.update(outcome="diverged", entry_state="undo_failed",
+                  first_mismatch=found.replace(", expected ", ", the call left "),
+                  reason=f"diverged: {v.manifest.tool} reads a state the call did not leave "
+                         f"({found.replace(', expected ', ', the call left ')}): it was changed "
+                         f"after the call, so {m.tool} was not called (restoring would "
+                         "overwrite that later change); decide by hand, then roll back again "
+                         "or leave it")
+    return False
+
+
 async def _lookup(spec: StepInput, upstream: Upstream, secrets: Secrets,
                   result: dict[str, Any]) -> None:
     m, step = spec.manifest, spec.step
@@ -125,9 +172,9 @@ async def _lookup(spec: StepInput, upstream: Upstream, secrets: Secrets,
                           "entry's manifest and handle) to complete the handle")
             return
         e = spec.effect
-        handle = build_handle(e.manifest, e.handle.args, answer.data)
+        handle = build_handle(e.manifest, e.handle.args, answer.data, before=e.handle.before)
         result.update(ok=True, outcome="found", entry_state="succeeded",
-                      handle=handle.model_dump(mode="json"),
+                      handle=handle.model_dump(mode="json", exclude_none=True),
                       reason=f"{m.tool} found the effect ({answer.status}): the call did act; "
                              "its handle is completed from the answer")
     elif answer.kind == "error_status" and answer.status == 404:
