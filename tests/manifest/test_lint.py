@@ -433,3 +433,9 @@ def test_l038_each_todo_left_is_a_note_on_its_field() -> None:
     f = only(lint(models(clean_specs()), todos=todos), "L038", "info", "shop.cancel_order")
     assert f.path == "compensation"
     assert f.message.startswith("TODO left: how is this undone? (decide")
+
+
+def test_a_servers_list_matches_its_url_with_or_without_a_trailing_slash() -> None:
+    specs = clean_specs()
+    specs["shop.cancel_order"]["upstream"] = {"mcp": {"url": MCP + "/", "tool": "cancel"}}
+    assert lint(models(specs), upstreams={MCP: {"cancel": SCHEMAS["shop.cancel_order"]}}) == []

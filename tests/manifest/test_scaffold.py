@@ -286,3 +286,12 @@ def test_a_hostile_source_cannot_write_outside_the_folder_or_template_the_host()
     (get,) = from_openapi(doc)
     assert yaml.safe_load(get.text)["upstream"]["url"] == "https://api.example.com/x{{args.host}}"
     checked([get])
+
+
+def test_a_description_saying_todo_is_not_a_todo() -> None:
+    tools = [{"name": "read_notes", "description": "Lists notes # TODO items too",
+              "inputSchema": {"type": "object"}, "annotations": {"readOnlyHint": True}}]
+    drafts = from_mcp(tools, URL)
+    assert "# TODO items too" in drafts[0].text
+    result = checked(drafts)
+    assert [src.todos for src in result.sources] == [[]]

@@ -99,12 +99,20 @@ def _mcp_url(m: ToolManifest) -> str | None:
     return m.upstream.mcp.url if m.upstream and m.upstream.mcp else None
 
 
+def _server(ctx: Context, m: ToolManifest) -> str | None:
+    """The key in ``ctx.upstreams`` of the server ``m`` routes to (a trailing ``/`` aside)."""
+    url = _mcp_url(m)
+    if url is None:
+        return None
+    return next((k for k in ctx.upstreams if k.rstrip("/") == url.rstrip("/")), None)
+
+
 def upstream_list(ctx: Context, m: ToolManifest) -> Mapping[str, dict[str, Any]] | None:
     """The tool list ``m`` is judged against: its MCP server's when that server's list was
     read, else the flat list when one was given, else None (nothing to judge it by)."""
-    url = _mcp_url(m)
-    if url is not None and url in ctx.upstreams:
-        return ctx.upstreams[url]
+    server = _server(ctx, m)
+    if server is not None:
+        return ctx.upstreams[server]
     return ctx.upstream if ctx.flat else None
 
 
@@ -337,8 +345,8 @@ def l034_no_upstream_tool(ctx: Context) -> Iterator[tuple[str, str, str]]:
     for m in ctx.manifests:
         listed = upstream_list(ctx, m)
         if listed is not None and upstream_name(m) not in listed:
-            url = _mcp_url(m)
-            where = f" at {url}" if url is not None and url in ctx.upstreams else ""
+            server = _server(ctx, m)
+            where = f" at {server}" if server is not None else ""
             yield m.tool, "upstream", (f"no upstream tool{where} is named {upstream_name(m)}: calls "
                            "cannot reach it; fix the tool name or remove the manifest")
 
@@ -351,7 +359,7 @@ def l035_upstream_without_manifest(ctx: Context) -> Iterator[tuple[str, str, str
                 yield name, "", ("the upstream offers this tool but no manifest declares it: "
                                  "agents cannot call it through the gateway; write a manifest for it")
     for url, listed in ctx.upstreams.items():
-        declared = {upstream_name(m) for m in ctx.manifests if _mcp_url(m) == url}
+        declared = {upstream_name(m) for m in ctx.manifests if _server(ctx, m) == url}
         for name in sorted(listed):
             if name not in declared:
                 yield name, "", (f"the upstream {url} offers this tool but no manifest declares "

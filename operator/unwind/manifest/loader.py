@@ -350,10 +350,22 @@ def _todo_comments(item: Sourced, lines: list[str]) -> None:
     start, end = item.node.start_mark.line, min(item.node.end_mark.line + 1, len(lines))
     for number in range(start, end):
         match = _TODO_COMMENT.search(lines[number])
-        if match is None:
+        if match is None or _in_quotes(lines[number][:match.start()]):
             continue
         after = [path for line, path in keys if line >= number]
         item.todos.append((after[0] if after else "", match.group(1)))
+
+
+def _in_quotes(before: str) -> bool:
+    """Whether a ``#`` after ``before`` stands inside a quoted scalar (a description saying
+    "# TODO" is not a comment)."""
+    quote = None
+    for ch in before:
+        if quote is None and ch in "\"'":
+            quote = ch
+        elif ch == quote:
+            quote = None
+    return quote is not None
 
 
 def _key_lines(node: yaml.Node, path: str) -> Iterator[tuple[int, str]]:
