@@ -139,7 +139,8 @@ async def test_an_mcp_upstream_is_called_and_its_input_schema_is_listed(
             [tool] = (await client.list_tools()).tools
             result = await client.call_tool("test.echo", {"text": "hi"})
         assert tool.input_schema == SCHEMA
-        assert structured(result) == {"echo": "hi"}
+        assert result.structured_content == {"echo": "hi"}
+        assert [c.text for c in result.content] == ["hi"]  # type: ignore[union-attr]  # its own blocks
     finally:
         stop(gw.proc)
 
