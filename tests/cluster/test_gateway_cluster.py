@@ -301,8 +301,9 @@ async def test_the_mcp_door_lists_the_bundle_and_writes_the_same_entries(
                                      meta={"idempotency_key": "mcp-1"})
         again = await mcp.call_tool("github.create_comment", {**COMMENT, "client_id": "mcp"},
                                     meta={"idempotency_key": "mcp-2"})
-    assert tools["github.create_comment"].meta is not None
-    assert tools["github.create_comment"].meta["unwind.dev/effect_class"] == "reversible"
+    comment = tools["github__create_comment"]  # served under its model-API name
+    assert comment.meta is not None and comment.meta["unwind.dev/tool"] == "github.create_comment"
+    assert comment.meta["unwind.dev/effect_class"] == "reversible"
     assert not result.is_error and result.meta is not None
     assert result.meta["effect"]["ledger"] == {"name": run_name, "entry": "mcp-1"}
     assert again.is_error and structured(again)["error"]["code"] == "duplicate"
