@@ -315,6 +315,12 @@ def test_duplicate_tool_names_are_refused() -> None:
     assert "declared more than once" in issues[0].message
 
 
+def test_two_tools_served_under_one_mcp_name_are_refused() -> None:
+    issues = validate_set(parsed(READ, {**READ, "tool": "shop__get_order"}))
+    assert [(i.tool, i.path) for i in issues] == [("shop__get_order", "tool")]
+    assert "would both be served over MCP as 'shop__get_order'" in issues[0].message
+
+
 def test_a_requires_cycle_is_refused_with_its_path() -> None:
     a = {**READ, "tool": "a", "requires": ["b"]}
     b = {**READ, "tool": "b", "requires": ["c"]}
@@ -327,7 +333,7 @@ def test_a_requires_cycle_is_refused_with_its_path() -> None:
 def test_every_set_rule_is_exercised() -> None:
     names = {r.__name__ for r in SET_RULES}
     assert names == {"no_duplicate_tools", "referenced_tools_exist", "read_backs_are_read_only",
-                     "requires_has_no_cycle"}
+                     "requires_has_no_cycle", "mcp_names_are_distinct"}
 
 
 def test_defaults_are_filled_as_documented() -> None:

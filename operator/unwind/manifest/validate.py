@@ -20,6 +20,7 @@ from pydantic import ValidationError
 
 from .input_schema import schema_problems
 from .issues import Issue, format_path, input_path, issues_from_validation_error, without_paths
+from .mcp_names import mcp_name
 from .model import TOOL_NAME_PATTERN, UNDOABLE, Effect, Lifecycle, ToolManifest
 from .places import READER_PLACES, names_at
 from .refs import RefSyntaxError, parse_ref
@@ -515,8 +516,21 @@ def requires_has_no_cycle(ms: Sequence[ToolManifest], _: dict[str, ToolManifest]
                         + "; break it by removing one of these requirements")
 
 
+def mcp_names_are_distinct(ms: Sequence[ToolManifest], _: dict[str, ToolManifest]) -> Iterator[Issue]:
+    """Over MCP a tool is served under a model-API name (``.``, ``:``, ``/`` become ``__``,
+    mcp_names.py): two tools of a set may not share one (``a.b`` and ``a__b``)."""
+    first: dict[str, str] = {}
+    for i, m in enumerate(ms):
+        name = mcp_name(m.tool)
+        other = first.setdefault(name, m.tool)
+        if other != m.tool:
+            yield Issue(m.tool, "tool", f"{m.tool!r} and {other!r} would both be served over MCP "
+                        f"as {name!r} (dots, colons and slashes become __): rename one", index=i)
+
+
 SET_RULES: tuple[SetRule, ...] = (
     no_duplicate_tools,
+    mcp_names_are_distinct,
     referenced_tools_exist,
     read_backs_are_read_only,
     requires_has_no_cycle,
