@@ -30,8 +30,8 @@ from typing import Any
 
 from ..manifest.keys import plain_text
 from ..manifest.model import ToolManifest
-from ..manifest.refs import Missing, Ref, RefSyntaxError, parse_ref, resolve
-from ..manifest.undo_refs import kept_references, redacted_needs, redaction_references
+from ..manifest.refs import EACH, Each, Missing, Ref, RefSyntaxError, Segment, parse_ref, resolve
+from ..manifest.undo_refs import covers, kept_references, redacted_needs, redaction_references
 
 __all__ = ["kept_references", "redacted_needs", "redaction_references"]
 from .entry import REDACTED, Handle
@@ -89,11 +89,14 @@ def _size_checked(what: str, tree: Any) -> None:
                           f"ledger's bound of {KEPT_MAX_BYTES // 1024} KiB per call")
 
 
-def _put(tree: Any, path: tuple[str | int, ...], value: Any) -> Any:
-    """Set ``value`` at ``path`` in a sparse copy-tree, creating dicts and lists on the way."""
+def _put(tree: Any, path: tuple[Segment, ...], value: Any) -> Any:
+    """Set ``value`` at ``path`` (no ``[*]``) in a sparse copy-tree, creating dicts and lists
+    on the way."""
     if not path:
         return copy.deepcopy(value)
     head, rest = path[0], path[1:]
+    if isinstance(head, Each):
+        raise ValueError("a projection is kept item by item, at each item's own path")
     if isinstance(head, int):
         items = tree if isinstance(tree, list) else []
         items.extend([None] * (head + 1 - len(items)))
@@ -104,24 +107,52 @@ def _put(tree: Any, path: tuple[str | int, ...], value: Any) -> Any:
     return node
 
 
-def _mask(tree: Any, path: tuple[str | int, ...]) -> Any:
-    """Replace the value at ``path`` (when present) with the redaction marker."""
+def _pad(tree: Any, path: tuple[Segment, ...], n: int) -> Any:
+    """Make the value at ``path`` (no ``[*]``) a list of at least ``n`` items (None where
+    nothing is kept), so a projection over the kept list has as many items as the call's."""
+    if not path:
+        items = tree if isinstance(tree, list) else []
+        items.extend([None] * (n - len(items)))
+        return items
+    head, rest = path[0], path[1:]
+    if isinstance(head, Each):
+        raise ValueError("a list to pad is named by a path without [*]")
+    if isinstance(head, int):
+        items = tree if isinstance(tree, list) else []
+        items.extend([None] * (head + 1 - len(items)))
+        items[head] = _pad(items[head], rest, n)
+        return items
+    node = tree if isinstance(tree, dict) else {}
+    node[str(head)] = _pad(node.get(str(head)), rest, n)
+    return node
+
+
+def _mask(tree: Any, path: tuple[Segment, ...]) -> Any:
+    """Replace the value at ``path`` (when present; ``[*]``: in every item) with the
+    redaction marker."""
     if not path:
         return REDACTED
     head, rest = path[0], path[1:]
-    if isinstance(head, int) and isinstance(tree, list) and head < len(tree):
+    if head is EACH:
+        if isinstance(tree, list):
+            for i, item in enumerate(tree):
+                tree[i] = _mask(item, rest)
+    elif isinstance(head, int) and isinstance(tree, list) and head < len(tree):
         tree[head] = _mask(tree[head], rest)
     elif isinstance(tree, dict) and str(head) in tree:
         tree[str(head)] = _mask(tree[str(head)], rest)
     return tree
 
 
-def _masked_copy(value: Any, path: tuple[str | int, ...]) -> Any:
-    """``value`` with the part at ``path`` (when present) replaced by the redaction marker,
-    copying only along the path: the caller's value is never changed."""
+def _masked_copy(value: Any, path: tuple[Segment, ...]) -> Any:
+    """``value`` with the part at ``path`` (when present; ``[*]``: in every item) replaced
+    by the redaction marker, copying only along the path: the caller's value is never
+    changed."""
     if not path:
         return REDACTED
     head, rest = path[0], path[1:]
+    if head is EACH:
+        return [_masked_copy(item, rest) for item in value] if isinstance(value, list) else value
     if isinstance(head, int) and isinstance(value, list) and head < len(value):
         items = list(value)
         items[head] = _masked_copy(items[head], rest)
@@ -135,15 +166,42 @@ def _masked_copy(value: Any, path: tuple[str | int, ...]) -> Any:
 
 def mask_paths(value: Any, at: Ref, redacted: Iterable[Ref]) -> Any:
     """The value read at reference ``at``, masked where a redaction path covers it: whole
-    when ``at`` lies inside a redacted path, in part when a redacted path lies inside it."""
+    when ``at`` lies inside a redacted path, in part when a redacted path lies inside it.
+    A redacted ``[*]`` stands for every index; a projection ``at`` is masked item by item."""
+    redacted = list(redacted)
+    if at.projects:
+        if not isinstance(value, list):
+            return value
+        to_list, within = at.split()
+        return [mask_paths(item, Ref(at.root, (*to_list, i, *within)), redacted)
+                for i, item in enumerate(value)]
     for r in redacted:
         if r.root != at.root:
             continue
-        if at.path[:len(r.path)] == r.path:
+        if covers(r.path, at.path):
             return REDACTED
-        if r.path[:len(at.path)] == at.path:
+        if covers(at.path, r.path):
             value = _masked_copy(value, r.path[len(at.path):])
     return value
+
+
+def _kept_items(ref: Ref, args: Any, result: Any, before: Any) -> tuple[tuple[Segment, ...], int,
+                                                                        list[tuple[Ref, Any]]]:
+    """A projection's list path, its length (-1: no list) and each item's value present at
+    its own path (``[*]`` replaced by the index): what the handle keeps of a projection, so
+    that the projection over the handle finds what it found over the call, a missing item
+    included."""
+    to_list, within = ref.split()
+    items = resolve(Ref(ref.root, to_list), args, result, None, before)
+    if not isinstance(items, list):
+        return to_list, -1, []
+    out = []
+    for i in range(len(items)):
+        at = Ref(ref.root, (*to_list, i, *within))
+        value = resolve(at, args, result, None, before)
+        if not isinstance(value, Missing):
+            out.append((at, value))
+    return to_list, len(items), out
 
 
 def build_handle(m: ToolManifest, args: Any, result: Any, *, staged: bool = False,
@@ -156,16 +214,22 @@ def build_handle(m: ToolManifest, args: Any, result: Any, *, staged: bool = Fals
     trees: dict[str, Any] = {"args": {}, "result": {}, "before": {}}
     redacted = redaction_references(m)
     for where, ref in kept_references(m, staged=staged):
-        value = resolve(ref, args, result, None, before)
-        if isinstance(value, Missing):
-            continue
-        try:
-            value = _checked(where, ref.text(), mask_paths(value, ref, redacted))
-        except HandleError:
-            if strict:
-                raise
-            continue
-        trees[ref.root] = _put(trees[ref.root], ref.path, value)
+        found: list[tuple[Ref, Any]]
+        if ref.projects:
+            to_list, n, found = _kept_items(ref, args, result, before)
+            if n >= 0:
+                trees[ref.root] = _pad(trees[ref.root], to_list, n)
+        else:
+            value = resolve(ref, args, result, None, before)
+            found = [] if isinstance(value, Missing) else [(ref, value)]
+        for at, value in found:
+            try:
+                value = _checked(where, at.text(), mask_paths(value, at, redacted))
+            except HandleError:
+                if strict:
+                    raise
+                continue
+            trees[ref.root] = _put(trees[ref.root], at.path, value)
     for ref in redacted:
         if ref.root in trees:
             trees[ref.root] = _mask(trees[ref.root], ref.path)
@@ -227,10 +291,12 @@ def secret_texts(m: ToolManifest, args: Any, result: Any = None, before: Any = N
     for ref in redaction_references(m):
         if ref.root == "before" and before is None:
             continue
-        value = resolve(ref, args, result, None, before)
-        if isinstance(value, Missing):
-            continue
-        for leaf in _leaves(value):
+        if ref.projects:  # every item's value that is there, even when another's is not
+            values = [v for _, v in _kept_items(ref, args, result, before)[2]]
+        else:
+            value = resolve(ref, args, result, None, before)
+            values = [] if isinstance(value, Missing) else [value]
+        for leaf in _leaves(values):
             text = plain_text(leaf)
             if text:
                 texts.add(text)

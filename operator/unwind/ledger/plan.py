@@ -30,8 +30,8 @@ from datetime import datetime, timedelta
 from typing import Any, Literal
 
 from ..manifest.model import Effect, ToolManifest
-from ..manifest.refs import Missing, Ref, parse_ref, resolve
-from ..manifest.undo_refs import before_reference, guarded_fields
+from ..manifest.refs import Missing, Ref, RefSyntaxError, expected_reference, parse_ref, resolve
+from ..manifest.undo_refs import guarded_fields
 from .entry import Entry, Handle, Staged, parse_stamp, stamp
 from .handle import kept_references, redacted_needs
 from .report import deadline_ms
@@ -297,9 +297,10 @@ class _Compiled:
         self.verification = parse(c.verification.arguments) if c and c.verification else []
         self.lookup = parse(m.lookup.arguments) if m.lookup else []
         v = c.verification if c else None
-        # expect: a $before reference is resolved from the handle; any other value is literal
-        self.expect: list[tuple[str, Any, Ref | None]] = [
-            (path, raw, before_reference(raw)) for path, raw in (v.expect.items() if v else ())]
+        # expect: a reference ($args, $result, $before, {const}) is resolved from the handle
+        # (a text that does not parse: why); any other value is a literal
+        self.expect: list[tuple[str, Any, Ref | str | None]] = [
+            (path, raw, _expected_ref(raw)) for path, raw in (v.expect.items() if v else ())]
         self.guarded = guarded_fields(m)
         needs = [(w, r) for w, r in kept_references(m) if w.startswith("compensation.argument_map.")]
         self.masked = "; ".join(redacted_needs(m, needs))
@@ -332,14 +333,28 @@ def _resolve(refs: list[tuple[str, Ref]], handle: Handle,
     return out, missing
 
 
-def _expected(expect: list[tuple[str, Any, Ref | None]], handle: Handle,
+def _expected_ref(raw: Any) -> Ref | str | None:
+    """An expected value's reference, None for a literal, or why it does not parse (a
+    manifest version validated before expected values were parsed)."""
+    try:
+        return expected_reference(raw)
+    except RefSyntaxError as exc:
+        return str(exc)
+
+
+def _expected(expect: list[tuple[str, Any, Ref | str | None]], handle: Handle,
               key: str | None) -> tuple[dict[str, Any], list[str]]:
-    """The verification's ``expect`` with each ``$before`` reference resolved."""
+    """The verification's ``expect`` with each reference resolved from the handle; a
+    literal stays as written. An expected value is never optional (the validator refuses
+    ``?`` there): a missing one means the read-back cannot be built."""
     out: dict[str, Any] = {}
     missing: list[str] = []
     for path, raw, ref in expect:
         if ref is None:
             out[path] = raw
+            continue
+        if isinstance(ref, str):
+            missing.append(f"expect {path}: {ref}")
             continue
         value = resolve(ref, handle.args, handle.result, key, handle.before)
         if isinstance(value, Missing):

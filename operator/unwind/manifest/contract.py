@@ -48,7 +48,7 @@ from .issues import Issue, issues_from_validation_error
 from .keys import KeyRenderError, render_key
 from .loader import SUFFIXES, Skip, Sourced, documents, duplicate_keys, load_text
 from .model import Lifecycle, ToolManifest
-from .refs import RefSyntaxError, resolve_map
+from .refs import RefSyntaxError, resolve_expected, resolve_map
 
 _EXPECTATIONS = ("expect_plan", "expect_handle", "expect_verification", "verify_with",
                  "expect_verified", "expect_duplicate")
@@ -344,7 +344,9 @@ def _expectations(case: TestCase, m: ToolManifest, run: _Run, plan: Plan,
                 f"the verification arguments are {_show(got)}, expected "
                 f"{_show(case.expect_verification)}: {differences(got, case.expect_verification)}")
     if v is not None and case.verify_with is not None:
-        mismatch = first_mismatch(v.expect, case.verify_with)
+        expect, unknown = resolve_expected(v.expect, case.args, result, key)
+        mismatch = ("the expected values are unavailable: " + "; ".join(unknown) if unknown
+                    else first_mismatch(expect, case.verify_with))
         if case.expect_verified is not False and mismatch is not None:
             yield "verify_with", f"the read-back would be rejected: {mismatch}"
         elif case.expect_verified is False and mismatch is None:

@@ -15,7 +15,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from .model import ToolManifest
-from .refs import Ref, RefSyntaxError, parse_ref
+from .refs import EACH, Ref, RefSyntaxError, Segment, expected_reference, parse_ref
 
 
 def kept_references(m: ToolManifest, *, staged: bool = False) -> Iterator[tuple[str, Ref]]:
@@ -41,8 +41,23 @@ def kept_references(m: ToolManifest, *, staged: bool = False) -> Iterator[tuple[
         if ref.root in ("args", "result", "before"):
             yield where, ref
     yield from expect_before_references(m)
+    yield from expected_references(m)
     yield from (("compensation.verification.expect." + path, ref)
                 for path, ref in guarded_fields(m))
+
+
+def expected_references(m: ToolManifest) -> Iterator[tuple[str, Ref]]:
+    """(where, reference) for each ``verification.expect`` value that reads the call
+    (``$args.<path>``, ``$result.<path>``): the read-back expects what the call named.
+    (``$before`` values: ``expect_before_references``.)"""
+    v = m.compensation.verification if m.compensation else None
+    for path, raw in (v.expect.items() if v is not None else ()):
+        try:
+            ref = expected_reference(raw)
+        except RefSyntaxError:
+            continue  # the validator refuses such a manifest before it is served
+        if ref is not None and ref.root in ("args", "result"):
+            yield f"compensation.verification.expect.{path}", ref
 
 
 def expect_before_references(m: ToolManifest) -> Iterator[tuple[str, Ref]]:
@@ -94,10 +109,22 @@ def redaction_references(m: ToolManifest) -> list[Ref]:
     return out
 
 
+def _same_place(a: Segment, b: Segment) -> bool:
+    """Two segments that can name the same place: equal, or ``[*]`` and any index."""
+    if a is EACH or b is EACH:
+        return (a is EACH or isinstance(a, int)) and (b is EACH or isinstance(b, int))
+    return a == b
+
+
+def covers(outer: tuple[Segment, ...], inner: tuple[Segment, ...]) -> bool:
+    """``inner`` lies inside ``outer`` (or is it) for some item a ``[*]`` stands for."""
+    return len(outer) <= len(inner) and all(map(_same_place, outer, inner))
+
+
 def overlaps(a: Ref, b: Ref) -> bool:
-    """One path lies inside the other (or they are equal), on the same root."""
-    n = min(len(a.path), len(b.path))
-    return a.root == b.root and a.path[:n] == b.path[:n]
+    """One path lies inside the other (or they are equal), on the same root; ``[*]``
+    stands for every index."""
+    return a.root == b.root and (covers(a.path, b.path) or covers(b.path, a.path))
 
 
 def redacted_needs(m: ToolManifest, refs: Iterable[tuple[str, Ref]]) -> list[str]:

@@ -72,7 +72,18 @@ async def run_step(spec: StepInput, upstream: Upstream, secrets: Secrets, *,
     if step.action == "lookup":
         await _lookup(spec, upstream, secrets, result)
     elif step.action in ("inverse", "compensate", "discard"):
-        await _undo(spec, upstream, secrets, result, sleep)
+        try:
+            await _undo(spec, upstream, secrets, result, sleep)
+        except Exception as exc:  # the entry must never stay undoing
+            # Whatever could not be evaluated (a manifest the validator never saw), the
+            # step ends undo_failed with why; running the rollback again repeats the undo
+            # call, if it was sent, with the same idempotency key.
+            sent = ("the undo call was sent" if result["call"] is not None
+                    else "nothing was called")
+            result.update(ok=False, outcome="undo_failed", entry_state="undo_failed",
+                          reason=f"the step could not be completed ({type(exc).__name__}: "
+                                 f"{exc}); {sent}: roll back again once the cause is fixed "
+                                 "(the same idempotency key is sent)")
     else:
         result.update(outcome="invalid_step", reason=f"a {step.action} step runs nothing")
     result["finished"] = stamp(clock())
@@ -109,8 +120,17 @@ async def _undo(spec: StepInput, upstream: Upstream, secrets: Secrets, result: d
     first: str | None = None
     for attempt in range(1, v.retries + 1):
         read = await _send(v.manifest, dict(v.arguments), secrets, {}, upstream)
-        mismatch = (first_mismatch(v.expect, read.data) if read.kind == "ok"
-                    else f"the read-back {v.manifest.tool} failed: {_failure(read)}")
+        try:
+            mismatch = (first_mismatch(v.expect, read.data) if read.kind == "ok"
+                        else f"the read-back {v.manifest.tool} failed: {_failure(read)}")
+        except ValueError as exc:  # an expect path that does not parse: retrying cannot help
+            why = f"the read-back {v.manifest.tool} cannot be evaluated: {exc}"
+            result["verification"] = {"tool": v.manifest.tool, "attempts": attempt,
+                                      "matched": False}
+            result.update(outcome="undo_failed", entry_state="undo_failed", first_mismatch=why,
+                          reason=f"{m.tool} answered {answer.status}, but {why}; fix "
+                                 "compensation.verification.expect and roll back again")
+            return
         first = first or mismatch
         result["verification"] = {"tool": v.manifest.tool, "attempts": attempt,
                                   "matched": mismatch is None}
