@@ -118,3 +118,23 @@ async def test_without_trust_nothing_is_served_and_readiness_says_why() -> None:
     assert cat.problem is not None and "unwind-trust" in cat.problem
     cms.put("unwind-system", "unwind-trust", {"k.pem": PEM})  # the trust arrives: served
     assert await cat.poll() is True and cat.ready
+
+
+async def test_a_signed_bundle_with_two_tools_of_one_mcp_name_is_refused_and_the_previous_serves(
+        ) -> None:
+    cms = ConfigMaps()
+    cms.put("unwind-system", "unwind-trust", {"k.pem": PEM})
+    publish(cms, 10, entries(2))
+    cat, metrics = catalogue(cms)
+    await cat.poll()
+    clash = []
+    for i, name in enumerate(("shop.get_order", "shop__get_order")):
+        model, _ = validate_manifest({"tool": name, "effect": "read_only", "permission": "p"})
+        assert model is not None
+        blob = canonical_json(model.canonical_dict())
+        clash.append(BundleEntry(model.tool, 1, checksum_bytes(blob), blob, f"clash-{i}"))
+    publish(cms, 11, clash)
+    assert await cat.poll() is False
+    assert refusals(metrics, "name_collision") == 1
+    assert cat.generation == "10" and len(cat.tools()) == 2
+    assert cat.problem is not None and "would both be served over MCP" in cat.problem
