@@ -23,7 +23,7 @@ from .issues import Issue, format_path, input_path, issues_from_validation_error
 from .mcp_names import mcp_name
 from .model import TOOL_NAME_PATTERN, UNDOABLE, Effect, Lifecycle, ToolManifest
 from .places import READER_PLACES, names_at
-from .refs import RefSyntaxError, parse_ref
+from .refs import EACH, RefSyntaxError, expected_reference, parse_ref
 from .undo_refs import before_reference, overlaps, redaction_references
 
 Finding = tuple[str, str]
@@ -90,14 +90,43 @@ def irreversible_needs_approval(m: ToolManifest) -> Iterator[Finding]:
 
 
 def no_self_reference(m: ToolManifest) -> Iterator[Finding]:
-    """A tool cannot compensate itself, require itself or replace itself."""
-    if m.compensation and m.compensation.tool == m.tool:
-        yield "compensation.tool", "a tool cannot compensate itself: name the undoing tool"
+    """A tool cannot require or replace itself, and undoes itself only as its own exact
+    inverse called with other arguments (``self_inverse_problem``)."""
+    problem = self_inverse_problem(m)
+    if problem is not None:
+        yield "compensation.tool", problem
     for i, req in enumerate(m.requires):
         if req.tool == m.tool:
             yield f"requires[{i}]", "a tool cannot require itself: remove this entry"
     if m.replaced_by == m.tool:
         yield "replaced_by", "a tool cannot be replaced by itself: name its successor"
+
+
+def self_inverse_problem(m: ToolManifest) -> str | None:
+    """Why the tool may not be its own undo, or None (also when it names another tool).
+
+    A tool may undo itself (a move is undone by moving back) when that is an exact inverse
+    (effect reversible, kind inverse) and the undo does not repeat the call: at least one
+    undo argument comes from another place than the call's argument of the same name
+    (``from: $args.to``, ``to: $args.from``). An undo that sends every argument back
+    unchanged would do the same thing again (a toggle, a create)."""
+    c = m.compensation
+    if c is None or c.tool != m.tool:
+        return None
+    if m.effect != Effect.reversible or c.kind != "inverse":
+        return ("a tool undoes itself only as its own exact inverse (a move undone by moving "
+                "back): set effect: reversible and compensation.kind: inverse, or name the "
+                "undoing tool")
+    for name, raw in c.argument_map.items():
+        try:
+            ref = parse_ref(raw)
+        except RefSyntaxError:
+            return None  # references_parse_and_read_allowed_roots says so
+        if not (ref.root == "args" and ref.path == (name,)):
+            return None
+    return ("the undo would call the tool again with the same arguments, which repeats the "
+            "effect: a tool that undoes itself must take at least one undo argument from "
+            "another place (a move: from: $args.to, to: $args.from)")
 
 
 def requires_has_no_duplicates(m: ToolManifest) -> Iterator[Finding]:
@@ -222,6 +251,67 @@ def retry_only_when_safe(m: ToolManifest) -> Iterator[Finding]:
                         "or declare the tool idempotent if repeating it is safe")
 
 
+_EXPECT_ROOTS = frozenset({"args", "result", "before", "const"})
+
+
+def expect_key_problem(key: str) -> str | None:
+    """Why an ``expect`` key is not a path to one value of the read-back's answer, or None."""
+    if key.strip().startswith("$"):
+        return (f"{key!r}: an expect key is a path in the read-back's answer, written without "
+                "a root (status, items[0].id); $result in an expected value means the call's "
+                "answer, not the read-back's")
+    try:
+        ref = parse_ref("$result." + key)
+    except RefSyntaxError as exc:
+        return f"{key!r} is not a path in the read-back's answer: {exc}"
+    if ref.optional:
+        return f"{key!r}: an expected path is never optional: remove the ?"
+    if EACH in ref.path:
+        return (f"{key!r}: an expect key names one value, so it has no [*]: expect the whole "
+                "list at its path (items: $args.ids), or one item (items[0].id)")
+    return None
+
+
+def verification_expect_parses(m: ToolManifest) -> Iterator[Finding]:
+    """Every ``expect`` key is a path to one value of the read-back's answer, and every
+    expected value written as a reference (a text starting with ``$``, or ``{const: v}``)
+    parses and reads the call (``$args``, ``$result``), the captured state (``$before``)
+    or a literal, never optionally; any other value is a literal."""
+    v = m.compensation.verification if m.compensation else None
+    for key, raw in (v.expect.items() if v is not None else ()):
+        where = f"compensation.verification.expect.{key}"
+        problem = expect_key_problem(key)
+        if problem is not None:
+            yield where, problem
+        try:
+            ref = expected_reference(raw)
+        except RefSyntaxError as exc:
+            yield where, (f"{exc}; to expect this text as written, write "
+                          f"{{const: {raw.strip()!r}}}" if isinstance(raw, str) else str(exc))
+            continue
+        if ref is None:
+            continue
+        if ref.root not in _EXPECT_ROOTS:
+            allowed = ", ".join(_ROOT_WORDS[r] for r in sorted(_EXPECT_ROOTS))
+            yield where, f"an expected value cannot read {_ROOT_WORDS[ref.root]}; it may read {allowed}"
+        elif ref.optional:
+            yield where, (f"{ref.text()}: an expected value is never optional (a read-back "
+                          "whose expectation is unknown proves nothing): remove the ?")
+
+
+def one_value_where_one_is_needed(m: ToolManifest) -> Iterator[Finding]:
+    """``[*]`` builds a list: not where one value is needed (``deadline.at``, one time)."""
+    c = m.compensation
+    if c and c.deadline and c.deadline.at is not None:
+        try:
+            ref = parse_ref(c.deadline.at)
+        except RefSyntaxError:
+            return  # references_parse_and_read_allowed_roots says so
+        if ref.projects:
+            yield "compensation.deadline.at", (f"{ref.text()} is a list ([*]); the deadline is "
+                                               "one time: name one value ($result.expires_at)")
+
+
 def verification_expects_something(m: ToolManifest) -> Iterator[Finding]:
     v = m.compensation.verification if m.compensation else None
     if v is not None and not v.expect:
@@ -245,7 +335,11 @@ def idempotency_key_uses_arguments(m: ToolManifest) -> Iterator[Finding]:
         return
     names = _PLACEHOLDER.findall(m.idempotency.key)
     for name in names:
-        if not _ARGS_PLACEHOLDER.fullmatch(name):
+        if "[*]" in name:
+            yield "idempotency.key", (f"placeholder {{{{{name}}}}} projects a list ([*]), but a "
+                                      "key is one plain value: key on one argument that "
+                                      "identifies the call ({{args.<field>}})")
+        elif not _ARGS_PLACEHOLDER.fullmatch(name):
             yield "idempotency.key", (f"placeholder {{{{{name}}}}} is not a call argument: "
                                       "write {{args.<field>}}")
     if not any(_ARGS_PLACEHOLDER.fullmatch(n) for n in names):
@@ -379,6 +473,8 @@ MANIFEST_RULES: tuple[Rule, ...] = (
     deadline_bounds_an_inverse,
     retry_only_when_safe,
     verification_expects_something,
+    verification_expect_parses,
+    one_value_where_one_is_needed,
     approval_rules_are_consistent,
     idempotency_key_uses_arguments,
     idempotency_carrier_names_one_place,
