@@ -173,6 +173,7 @@ async def test_an_update_is_undone_to_the_value_it_overwrote(
     assert done.state == "succeeded"
     assert done.handle is not None and done.handle.before == {"email": "old@example.com"}
     assert done.handle.result == {"email": "new@example.com"}  # what the call left
+    assert done.to_json()["handle"]["before"] == {"email": "old@example.com"}  # evidence, ledger
 
     [step] = world.plan()
     assert (step.action, step.undo_tool) == ("inverse", "crm.restore_customer")

@@ -93,7 +93,7 @@ def test_the_rule_table_covers_every_targeted_code_once_in_order() -> None:
     assert codes == sorted(codes) == ["L010", "L011", "L012", "L013", "L014", "L015", "L016",
                                       "L017", "L019", "L020", "L021", "L022", "L023", "L024",
                                       "L027", "L030", "L031", "L032", "L033", "L034", "L035", "L036",
-                                      "L037", "L038"]
+                                      "L037", "L038", "L039"]
 
 
 def test_l010_a_mutating_tool_without_description_is_a_warning() -> None:
@@ -439,3 +439,16 @@ def test_a_servers_list_matches_its_url_with_or_without_a_trailing_slash() -> No
     specs = clean_specs()
     specs["shop.cancel_order"]["upstream"] = {"mcp": {"url": MCP + "/", "tool": "cancel"}}
     assert lint(models(specs), upstreams={MCP: {"cancel": SCHEMAS["shop.cancel_order"]}}) == []
+
+
+def test_l039_an_update_whose_undo_reads_no_before_is_a_warning() -> None:
+    specs = clean_specs()
+    specs["shop.create_order"]["upstream"] = {"url": "https://shop.example/orders/{{args.cart_id}}",
+                                              "method": "PATCH"}
+    f = only(lint(models(specs)), "L039", "warning", "shop.create_order")
+    assert f.path == "compensation.argument_map"
+    assert "reads no $before" in f.message
+    specs["shop.create_order"]["capture"] = {"tool": "shop.get_order",
+                                             "arguments": {"order_id": "$args.cart_id"}}
+    specs["shop.create_order"]["compensation"]["argument_map"]["total"] = "$before.total"
+    assert lint(models(specs)) == []

@@ -305,6 +305,22 @@ def l031_compensable_but_inverse(ctx: Context) -> Iterator[tuple[str, str, str]]
                            "set effect: reversible, or kind: compensation if a trace remains")
 
 
+def l039_update_undone_without_before(ctx: Context) -> Iterator[tuple[str, str, str]]:
+    """An update (PUT or PATCH) overwrites a value that neither its arguments nor its
+    answer hold: an undo that reads no ``$before`` cannot put the old value back."""
+    for m in ctx.manifests:
+        c, u = m.compensation, m.upstream
+        if c is None or u is None or u.url is None or u.method not in ("PUT", "PATCH"):
+            continue
+        if any(isinstance(raw, str) and raw.strip().startswith("$before")
+               for raw in c.argument_map.values()):
+            continue
+        yield m.tool, "compensation.argument_map", (
+            f"{m.tool} is a {u.method}: it overwrites values, and its undo {c.tool} reads no "
+            "$before, so it cannot restore what was there: add capture: {tool: <a read_only "
+            "tool>, arguments: {...}} and map the old values as $before.<field>")
+
+
 def l032_compensation_takes_nothing(ctx: Context) -> Iterator[tuple[str, str, str]]:
     for m in ctx.manifests:
         c = m.compensation
@@ -515,6 +531,7 @@ RULES: tuple[Rule, ...] = (
     Rule("L036", "warning", l036_redaction_hides_what_the_undo_needs),
     Rule("L037", "error", l037_mapping_type_mismatch),
     Rule("L038", "info", l038_todo),
+    Rule("L039", "warning", l039_update_undone_without_before),
 )
 
 
