@@ -81,7 +81,8 @@ def cmd_gateway(args: argparse.Namespace) -> int:
         return 1
     settings = Settings(scopes=scopes, actor=parts.actor, identities=parts.identities, **limits)
     secrets_dir = args.secrets_dir or os.environ.get("UNWIND_SECRETS_DIR") or None
-    gateway = Gateway(parts.catalogue, parts.store, parts.locks, Upstream(),
+    local = not (args.cluster or not args.manifests)  # only local mode starts stdio MCP servers
+    gateway = Gateway(parts.catalogue, parts.store, parts.locks, Upstream(commands=local),
                       LocalSecrets(secrets_dir), settings, metrics)
     servers: list[uvicorn.Server] = []
 

@@ -70,11 +70,12 @@ async def learn_schemas(gateway: Gateway) -> None:
     """Ask each MCP upstream for its tools (input schemas for schema drift and the door's
     check; output schemas and annotations for tools/list). An upstream that does not answer
     leaves its schemas unknown: nothing to compare, logged."""
-    urls = {s.manifest.upstream.mcp.url for s in gateway.catalogue.tools()
-            if s.manifest.upstream is not None and s.manifest.upstream.mcp is not None}
-    for url in sorted(urls):
+    servers = {s.manifest.upstream.mcp.target: s.manifest.upstream.mcp  # URL or command
+               for s in gateway.catalogue.tools()
+               if s.manifest.upstream is not None and s.manifest.upstream.mcp is not None}
+    for url, mcp in sorted(servers.items(), key=lambda item: item[0]):
         try:
-            listed = await gateway.upstream.list_mcp_tools(url)
+            listed = await gateway.upstream.list_mcp_tools(mcp)
         except Exception as exc:
             log.warning("cannot list the tools of MCP upstream %s: %s; schema drift is not "
                         "checked for its tools", url, str(exc).splitlines()[0] if str(exc) else exc)

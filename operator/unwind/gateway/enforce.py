@@ -351,7 +351,7 @@ class Gateway:
         assert m is not None
         if not m.schema_hash or m.upstream is None or m.upstream.mcp is None:
             return None
-        schema = self.upstream.schemas.get((m.upstream.mcp.url, m.upstream.mcp.tool))
+        schema = self.upstream.schemas.get((m.upstream.mcp.target, m.upstream.mcp.tool))
         if schema is None:
             return None  # not known: nothing to compare
         seen = schema_hash_of(schema)

@@ -17,7 +17,8 @@ An answer is read up to ``upstream.max_response_bytes`` after decompression (def
 4 MiB) and nested at most ``limits.MAX_DEPTH`` deep; past that it is not read further and
 the call's outcome is unknown (``too_large``: the upstream may have acted).
 
-HTTP goes through one aiohttp session; MCP through the ``mcp`` SDK's client.
+HTTP goes through one aiohttp session; MCP through the ``mcp`` SDK's client, its sessions
+kept open between calls and stdio servers started in local mode (``mcp_upstream.py``).
 """
 
 from __future__ import annotations
@@ -25,21 +26,19 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
-import math
 import re
-from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 from urllib.parse import quote
 
 import aiohttp
-import httpx2
 import yarl
 
 from ..manifest.keys import plain_text
-from ..manifest.model import Effect, HeaderValue, ToolManifest
+from ..manifest.model import Effect, HeaderValue, McpUpstream, ToolManifest
 from .errors import Refusal
 from .limits import MAX_DEPTH, nesting_problem
+from .mcp_upstream import HttpServer, McpClients, McpFailure, Server, StdioServer
 from .secrets import SecretMissing, Secrets
 
 DEFAULT_TIMEOUT_MS = 30_000
@@ -67,6 +66,7 @@ class Prepared:
     mcp_tool: str | None = None
     max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES
     template: str = ""  # the URL as the manifest writes it: what messages name
+    call_headers: dict[str, str] = field(default_factory=dict)  # this call's own (in headers too)
 
     @property
     def where(self) -> str:
@@ -157,24 +157,34 @@ def prepare(m: ToolManifest, arguments: dict[str, Any], secrets: Secrets,
     safe = m.effect in (Effect.read_only, Effect.idempotent)
     retry = m.retry if safe else None
     if u.mcp is not None:
-        method, url, mcp_tool, template = "MCP", u.mcp.url, u.mcp.tool, u.mcp.url
+        method, url, mcp_tool, template = "MCP", u.mcp.url or "", u.mcp.tool, u.mcp.target
     else:
         assert u.url is not None  # the validator guarantees one of url or mcp
         method, url, mcp_tool, template = u.method, fill_url(u.url, arguments), None, u.url
     return Prepared(m, method, url, arguments, headers, timeout_ms / 1000,
                     retry.attempts if retry else 1, retry.base_ms if retry else 0,
                     retry.max_ms if retry else 0, mcp_tool,
-                    u.max_response_bytes or DEFAULT_MAX_RESPONSE_BYTES, template)
+                    u.max_response_bytes or DEFAULT_MAX_RESPONSE_BYTES, template,
+                    dict(extra_headers))
+
+
+def mcp_server(mcp: McpUpstream, headers: dict[str, str]) -> Server:
+    """The MCP server a manifest names, as the pool knows it (headers only for HTTP)."""
+    if mcp.command is not None:
+        return StdioServer(tuple(mcp.command), tuple(sorted(mcp.env.items())), mcp.cwd)
+    return HttpServer(mcp.url or "", tuple(sorted(headers.items())))
 
 
 class Upstream:
     """The HTTP client for JSON upstreams (aiohttp: its C parser costs a third of httpx's
-    time per call, which is most of what the gateway adds); MCP upstreams open a short
-    session per call through the SDK's own client."""
+    time per call, which is most of what the gateway adds); MCP upstreams through
+    ``McpClients``: sessions kept open per server, and, when ``commands`` is true (local
+    mode only), stdio servers started from ``upstream.mcp.command``."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, commands: bool = False, mcp: McpClients | None = None) -> None:
         self._session: aiohttp.ClientSession | None = None
         self.schemas: dict[tuple[str, str], dict[str, Any]] = {}
+        self.mcp = mcp or McpClients(commands=commands)
         # (url, tool) -> the MCP upstream's tools/list entry: its outputSchema and annotations
         self.listed: dict[tuple[str, str], dict[str, Any]] = {}
 
@@ -188,6 +198,7 @@ class Upstream:
     async def aclose(self) -> None:
         if self._session is not None:
             await self._session.close()
+        await self.mcp.aclose()
 
     async def send(self, p: Prepared) -> Answer:
         answer = Answer("not_sent")
@@ -244,42 +255,34 @@ class Upstream:
         return Answer("ok", status, data, "")
 
     async def _mcp(self, p: Prepared) -> Answer:
-        from mcp import Client
-        from mcp.client.streamable_http import streamable_http_client
-
-        capped = _CappedTransport(p.max_response_bytes)
-        headers = {**p.headers, "Accept-Encoding": "identity"}
+        mcp = p.manifest.upstream.mcp if p.manifest.upstream is not None else None
+        assert mcp is not None  # prepare sets mcp_tool only for an MCP upstream
+        own = {k: v for k, v in p.headers.items() if k not in p.call_headers}
         try:
-            async with httpx2.AsyncClient(headers=headers, timeout=p.timeout_s,
-                                          transport=capped) as http, \
-                    Client(streamable_http_client(p.url, http_client=http)) as client:
-                with anyio_fail_after(p.timeout_s):
-                    result = await client.call_tool(p.mcp_tool or "", p.arguments)
-        except TimeoutError:
-            if capped.problem:
-                return Answer("too_large", text=f"{p.where} {capped.problem}")
-            return Answer("timeout", text=f"{p.where}: no answer within {p.timeout_s:g}s")
-        except Exception as exc:  # the SDK raises many kinds; all mean the answer is missing
-            if capped.problem:
-                return Answer("too_large", text=f"{p.where} {capped.problem}")
-            return Answer("lost", text=f"{p.where}: the MCP call failed: {_short(exc, p)}")
+            result = await self.mcp.call(mcp_server(mcp, own), p.mcp_tool or "", p.arguments,
+                                         timeout_s=p.timeout_s, cap=p.max_response_bytes,
+                                         call_headers=p.call_headers)
+        except McpFailure as exc:
+            text = f"{p.where}: {_short(exc, p)}" if exc.kind != "too_large" else f"{p.where} {exc}"
+            if exc.kind == "refused":
+                return Answer("error_status", 400, None, text)
+            return Answer(exc.kind, text=text, sent=exc.kind != "not_sent")
         return mcp_answer(result)
 
-    async def list_mcp_schemas(self, url: str, timeout_s: float = 10.0) -> dict[str, dict[str, Any]]:
+    async def list_mcp_tools(self, mcp: McpUpstream | str, headers: dict[str, str] | None = None,
+                             timeout_s: float = 10.0) -> dict[str, dict[str, Any]]:
+        """Every tool an MCP upstream lists (a URL, or a manifest's ``upstream.mcp``), as
+        its tools/list entry (``inputSchema``, ``outputSchema``, ``annotations``...)."""
+        if isinstance(mcp, str):
+            mcp = McpUpstream(url=mcp, tool="")
+        tools = await self.mcp.list_tools(mcp_server(mcp, headers or {}), timeout_s)
+        return {t.name: t.model_dump(by_alias=True, exclude_none=True, mode="json") for t in tools}
+
+    async def list_mcp_schemas(self, mcp: McpUpstream | str, headers: dict[str, str] | None = None,
+                               timeout_s: float = 10.0) -> dict[str, dict[str, Any]]:
         """The input schema of every tool an MCP upstream lists (for schema drift)."""
-        tools = await self.list_mcp_tools(url, timeout_s)
-        return {name: dict(t.get("inputSchema") or {}) for name, t in tools.items()}
-
-    async def list_mcp_tools(self, url: str, timeout_s: float = 10.0) -> dict[str, dict[str, Any]]:
-        """Every tool an MCP upstream lists, as its ``tools/list`` entry (JSON names:
-        ``inputSchema``, ``outputSchema``, ``annotations``, ``title``...)."""
-        from mcp import Client
-
-        with anyio_fail_after(timeout_s):
-            async with Client(url) as client:
-                listed = await client.list_tools()
-        return {t.name: t.model_dump(mode="json", by_alias=True, exclude_none=True)
-                for t in listed.tools}
+        tools = await self.list_mcp_tools(mcp, headers, timeout_s)
+        return {name: dict(tool.get("inputSchema") or {}) for name, tool in tools.items()}
 
 
 def mcp_answer(result: Any) -> Answer:
@@ -303,60 +306,6 @@ def mcp_answer(result: Any) -> Answer:
 
 
 _NOT_JSON = object()
-
-
-class _AnswerRefused(httpx2.StreamError):
-    """An MCP answer past the cap, or compressed though identity was asked for (the SDK
-    turns a StreamError into a failed call)."""
-
-
-class _CappedTransport(httpx2.AsyncBaseTransport):
-    """The MCP client's transport: an answer is read up to ``cap`` bytes, and only
-    uncompressed (the request asks for identity), so the bytes counted are the bytes kept."""
-
-    def __init__(self, cap: int) -> None:
-        self.inner = httpx2.AsyncHTTPTransport()
-        self.cap = cap
-        self.problem = ""
-
-    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
-        response = await self.inner.handle_async_request(request)
-        encoding = response.headers.get("content-encoding", "identity").strip().lower()
-        if encoding not in ("", "identity"):
-            await response.aclose()
-            self.problem = (f"answered with Content-Encoding {encoding!r} though the gateway "
-                            "asks MCP upstreams for identity; the answer was not read")
-            raise _AnswerRefused(self.problem)
-        response.stream = _CappedStream(response.stream, self)
-        return response
-
-    async def aclose(self) -> None:
-        await self.inner.aclose()
-
-
-class _CappedStream(httpx2.AsyncByteStream):
-    def __init__(self, stream: Any, owner: _CappedTransport) -> None:
-        self.stream, self.owner = stream, owner
-
-    async def __aiter__(self) -> AsyncIterator[bytes]:
-        size = 0
-        async for chunk in self.stream:
-            size += len(chunk)
-            if size > self.owner.cap:
-                self.owner.problem = (f"answered with more than {self.owner.cap} bytes, so the "
-                                      "answer was not read; if it is meant to be this large, "
-                                      "raise upstream.max_response_bytes")
-                raise _AnswerRefused(self.owner.problem)
-            yield chunk
-
-    async def aclose(self) -> None:
-        await self.stream.aclose()
-
-
-def anyio_fail_after(seconds: float) -> Any:
-    import anyio
-
-    return anyio.fail_after(seconds if math.isfinite(seconds) else None)
 
 
 def _query_value(value: Any) -> str:

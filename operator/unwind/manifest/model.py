@@ -12,6 +12,7 @@ the CRD schema is generated from this model.
 
 from __future__ import annotations
 
+import shlex
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
@@ -196,8 +197,24 @@ class HeaderValue(Strict):
 
 
 class McpUpstream(Strict):
-    url: str
+    """An MCP server's tool: a streamable HTTP url, or a stdio command (local mode only)."""
+
+    url: str | None = Field(None, description="The MCP server's streamable HTTP endpoint.")
+    command: list[str] | None = Field(
+        None, min_length=1,
+        description="Local mode only (unwind gateway --manifests): the argv of a stdio MCP "
+                    "server the gateway starts, e.g. [npx, -y, '@modelcontextprotocol/server-memory']. "
+                    "Refused in a cluster.")
+    env: dict[str, str] = Field(default_factory=dict, description="With command: environment variables added for the server.")
+    cwd: str | None = Field(None, description="With command: the server's working directory.")
     tool: str
+
+    @property
+    def target(self) -> str:
+        """The server as messages and schema keys name it: its URL, or its command."""
+        if self.url is not None:
+            return self.url
+        return "command " + shlex.join(self.command or [])
 
 
 class Upstream(Strict):

@@ -139,7 +139,13 @@ def validate_toolmanifest(req: Request) -> None:
     if req.operation not in ("CREATE", "UPDATE") or not _spec_changed(req):
         return
     spec = req.new.get("spec")
-    _, issues = validate_manifest(spec)
+    manifest, issues = validate_manifest(spec)
+    mcp = manifest.upstream.mcp if manifest is not None and manifest.upstream is not None else None
+    if mcp is not None and mcp.command is not None:
+        raise Refused(f"spec.upstream.mcp.command: ToolManifest {req.name} names a command to run; a "
+                      "gateway in a cluster never starts processes a manifest names (only local mode, "
+                      "unwind gateway --manifests, does): run the MCP server as a Service or a "
+                      "sidecar and give upstream.mcp.url")
     if issues:
         tool = spec.get("tool") if isinstance(spec, Mapping) else None
         lines = [f"spec.{i.path}: {i.message}" if i.path else f"spec: {i.message}" for i in issues]

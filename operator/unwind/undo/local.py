@@ -97,7 +97,7 @@ async def execute(ledger: LocalLedger, plan: Plan, versions: Versions, selection
     """Run ``plan`` (shown to and confirmed by ``by``; made as of ``moment``, default now)
     and record every outcome."""
     summary = Summary()
-    upstream = Upstream()
+    upstream = Upstream(commands=True)  # a local rollback starts a stdio MCP server as the gateway did
     extra: dict[str, Any] = {"sleep": sleep} if sleep is not None else {}
     _freeze(ledger, plan, selection, by, clock, None)
 

@@ -1,0 +1,589 @@
+"""MCP upstreams as users run them: open sessions kept per server, and stdio servers the
+gateway starts itself (local mode).
+
+**HTTP servers.** A pool per server identity (URL and the manifest's headers) keeps
+initialized sessions between calls: at most ``MAX_OPEN`` open at once (one call each), at
+most ``MAX_IDLE`` kept while idle, none kept idle longer than ``IDLE_S``. The SDK's client
+negotiates the protocol with ``mode="auto"``: a server speaking the stateless 2026-07-28
+revision is adopted after one ``server/discover`` (each call then is one self-contained
+POST; the pool saves the probe and the connection), an older one gets the ``initialize``
+handshake and an ``Mcp-Session-Id`` (the pool saves the handshake). A server that forgot
+the session (HTTP 404 to a request carrying its ``Mcp-Session-Id``: restarted, expired)
+did not run the call: the session is dropped, a new one opened and the call sent once more,
+whatever the tool's effect. Any other failure closes the session rather than return it.
+
+**Stdio servers** (``upstream.mcp.command``, local mode only): one process per distinct
+command, environment and directory, shared by every call (JSON-RPC carries many calls at
+once). It starts with the gateway (listing its tools) or with the first call, its stderr
+goes to the gateway's log (``unwind.gateway.mcp``), and a process that exits is started
+again by the next call, after a backoff that doubles while it keeps failing (0.5 s to
+30 s). A command that cannot start (not found, exits at start, no MCP handshake) refuses
+the call naming the command and the last lines of its stderr. Shutdown stops them all.
+
+What a caller learns (``McpFailure.kind``): ``not_sent`` (nothing reached the server: no
+session, no process, connection refused), ``timeout``, ``lost`` (sent, answer missing:
+the server may have acted), ``too_large``, ``refused`` (the server answered the call with
+a JSON-RPC error saying it did not run it: unknown tool, invalid parameters).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import shlex
+from collections import deque
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AsyncExitStack
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import anyio
+import httpx2
+
+log = logging.getLogger("unwind.gateway.mcp")
+
+MAX_OPEN = 8          # sessions open at once to one HTTP server (each carries one call)
+MAX_IDLE = 4          # sessions kept open between calls
+IDLE_S = 60.0         # an idle session older than this is closed, not reused
+START_TIMEOUT_S = 60.0  # a stdio server's start and handshake (npx may fetch the package)
+CLOSE_TIMEOUT_S = 10.0  # closing a session (the SDK stops a stdio server within ~6 s)
+BACKOFF_S = (0.5, 30.0)  # first and longest wait before starting a failing command again
+STABLE_S = 30.0       # a process that ran this long before exiting starts again at once
+STDERR_TAIL = 20      # lines of a stdio server's stderr kept for error messages
+# the JSON-RPC errors that say the server did not run the call
+_REFUSED_CODES = {-32601: "method not found", -32602: "invalid params"}
+
+FailureKind = Literal["not_sent", "timeout", "lost", "too_large", "refused"]
+
+
+class McpFailure(Exception):
+    def __init__(self, kind: FailureKind, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+@dataclass(frozen=True)
+class HttpServer:
+    """A streamable HTTP server as the pool knows it: its URL and headers (secrets included,
+    kept in memory only)."""
+
+    url: str
+    headers: tuple[tuple[str, str], ...] = ()
+
+    def describe(self) -> str:
+        return self.url
+
+
+@dataclass(frozen=True)
+class StdioServer:
+    command: tuple[str, ...]
+    env: tuple[tuple[str, str], ...] = ()
+    cwd: str | None = None
+
+    def describe(self) -> str:
+        return "command " + shlex.join(self.command)
+
+
+Server = HttpServer | StdioServer
+
+
+def _first_line(exc: BaseException) -> str:
+    if isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        return _first_line(exc.exceptions[0])
+    text = str(exc).strip() or type(exc).__name__
+    return text.splitlines()[0][:300]
+
+
+class _Transport(httpx2.AsyncBaseTransport):
+    """A pooled HTTP session's transport: it adds the current call's headers, reads an answer
+    up to the call's cap and only uncompressed (the requests ask for identity, so the bytes
+    counted are the bytes kept), and notes what the server did with the call's requests."""
+
+    def __init__(self, cap: int) -> None:
+        self.inner = httpx2.AsyncHTTPTransport()
+        self.begin({}, cap)
+
+    def begin(self, call_headers: dict[str, str], cap: int) -> None:
+        self.call_headers, self.cap = call_headers, cap
+        self.problem = ""           # too large or compressed: the answer was not read
+        self.session_gone = False   # 404 to a request carrying Mcp-Session-Id
+        self.reached = False        # a request of this call reached the server
+        self.unreachable = ""       # a connection could not be made
+
+    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
+        if request.method == "POST":
+            request.headers.update(self.call_headers)
+        try:
+            response = await self.inner.handle_async_request(request)
+        except httpx2.ConnectError as exc:
+            self.unreachable = _first_line(exc)
+            raise
+        except BaseException:
+            self.reached = True
+            raise
+        self.reached = True
+        if response.status_code == 404 and "mcp-session-id" in request.headers:
+            self.session_gone = True
+        encoding = response.headers.get("content-encoding", "identity").strip().lower()
+        if encoding not in ("", "identity"):
+            await response.aclose()
+            self.problem = (f"answered with Content-Encoding {encoding!r} though the gateway "
+                            "asks MCP upstreams for identity; the answer was not read")
+            raise _AnswerRefused(self.problem)
+        response.stream = _CappedStream(response.stream, self)
+        return response
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+class _AnswerRefused(httpx2.StreamError):
+    """An answer past the cap, or compressed (the SDK turns a StreamError into a failed call)."""
+
+
+class _CappedStream(httpx2.AsyncByteStream):
+    def __init__(self, stream: Any, owner: _Transport) -> None:
+        self.stream, self.owner = stream, owner
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        size = 0
+        async for chunk in self.stream:
+            size += len(chunk)
+            if size > self.owner.cap:
+                self.owner.problem = (f"answered with more than {self.owner.cap} bytes, so the "
+                                      "answer was not read; if it is meant to be this large, "
+                                      "raise upstream.max_response_bytes")
+                raise _AnswerRefused(self.owner.problem)
+            yield chunk
+
+    async def aclose(self) -> None:
+        await self.stream.aclose()
+
+
+Opener = Callable[[AsyncExitStack, "_Session"], Awaitable[Any]]
+
+
+class _Session:
+    """One open SDK client, owned by a task of its own: anyio's scopes must close in the task
+    that opened them, and calls come from many request tasks."""
+
+    def __init__(self, opener: Opener, label: str, start_timeout_s: float) -> None:
+        self.label = label
+        self.client: Any = None
+        self.transport: _Transport | None = None
+        self.ready = asyncio.Event()
+        self.stopping = asyncio.Event()
+        self.alive = False
+        self.failure: BaseException | None = None
+        self.exited = ""  # why the process went away (stdio)
+        self.counted = False  # its end was counted for the backoff (stdio)
+        self.timed_out = self.closed_early = False
+        loop = asyncio.get_running_loop()
+        self.started_at = self.ended_at = self.idle_since = loop.time()
+        self.task = asyncio.create_task(self._own(opener, start_timeout_s), name=f"mcp {label}")
+
+    async def _own(self, opener: Opener, start_timeout_s: float) -> None:
+        # The start is bounded by cancelling this task (a scope around the opener would close
+        # before the client's own scopes, which anyio refuses).
+        timer = asyncio.get_running_loop().call_later(start_timeout_s, self._start_timed_out)
+        try:
+            async with AsyncExitStack() as stack:
+                try:
+                    self.client = await opener(stack, self)
+                finally:
+                    timer.cancel()
+                self.alive = True
+                self.ready.set()
+                await self.stopping.wait()
+                self.alive = False
+        except asyncio.CancelledError:
+            if self.closed_early:
+                self.failure = ConnectionAbortedError("closed before it was open")
+            elif self.timed_out:
+                self.failure = TimeoutError(f"did not complete its start and the MCP handshake "
+                                            f"within {start_timeout_s:g}s")
+            else:
+                raise
+        except BaseException as exc:  # kept to name in the refusal
+            self.failure = exc
+        finally:
+            self.alive = False
+            self.ended_at = asyncio.get_running_loop().time()
+            self.ready.set()
+            if self.failure is not None and self.client is not None:
+                log.info("MCP session to %s ended: %s", self.label, _first_line(self.failure))
+
+    def _start_timed_out(self) -> None:
+        if not self.ready.is_set():
+            self.timed_out = True
+            self.task.cancel()
+
+    async def opened(self, seconds: float, *, shared: bool = False) -> None:
+        """Wait until the session is open; McpFailure(not_sent) when it cannot be. A shared
+        session (a stdio process) goes on starting for the next call when this one gives up."""
+        with anyio.move_on_after(seconds):
+            await self.ready.wait()
+        if self.alive:
+            return
+        if not self.ready.is_set():
+            if not shared:
+                self.close()
+            raise McpFailure("not_sent", f"the MCP server did not complete its start within "
+                             f"{seconds:.1f}s")
+        raise McpFailure("not_sent", self.why_not())
+
+    def why_not(self) -> str:
+        if isinstance(self.failure, FileNotFoundError | PermissionError):
+            return f"cannot start it: {_first_line(self.failure)}"
+        if self.exited:
+            return self.exited
+        if self.failure is None:
+            return "the MCP session closed"
+        return f"cannot open an MCP session: {_first_line(self.failure)}"
+
+    def close(self) -> None:
+        if self.alive:
+            self.ended_at = asyncio.get_running_loop().time()
+        self.alive = False
+        self.stopping.set()
+        if not self.ready.is_set() and not self.task.done():  # still starting: stop that
+            self.closed_early = True
+            self.task.cancel()
+
+    async def wait_closed(self, seconds: float) -> None:
+        self.close()
+        done, _ = await asyncio.wait({self.task}, timeout=seconds)
+        if not done:
+            self.task.cancel()
+            with contextlib.suppress(BaseException):
+                await self.task
+
+
+class _Pool:
+    """The open sessions of one HTTP server; each call has one to itself."""
+
+    def __init__(self, server: HttpServer, owner: McpClients) -> None:
+        self.server, self.owner = server, owner
+        self.idle: list[_Session] = []
+        self.slots = asyncio.Semaphore(MAX_OPEN)
+
+    async def checkout(self, seconds: float, fresh: bool) -> _Session:
+        with anyio.move_on_after(seconds) as waited:
+            await self.slots.acquire()
+        if waited.cancelled_caught:
+            raise McpFailure("not_sent", f"all {MAX_OPEN} sessions to it stayed busy for "
+                             f"{seconds:g}s")
+        try:
+            now = asyncio.get_running_loop().time()
+            while self.idle and not fresh:
+                session = self.idle.pop()
+                if session.alive and now - session.idle_since < IDLE_S:
+                    return session
+                self.owner.retire(session)
+            session = _Session(self._open, self.server.url, self.owner.start_timeout_s)
+            self.owner.sessions.add(session)
+            await session.opened(seconds)
+            return session
+        except BaseException:
+            self.slots.release()
+            raise
+
+    def checkin(self, session: _Session, healthy: bool) -> None:
+        self.slots.release()
+        if healthy and session.alive and len(self.idle) < MAX_IDLE and not self.owner.closing:
+            session.idle_since = asyncio.get_running_loop().time()
+            self.idle.append(session)
+        else:
+            self.owner.retire(session)
+
+    async def _open(self, stack: AsyncExitStack, session: _Session) -> Any:
+        from mcp import Client
+        from mcp.client.streamable_http import streamable_http_client
+
+        transport = _Transport(self.owner.default_cap)
+        session.transport = transport
+        http = await stack.enter_async_context(httpx2.AsyncClient(
+            headers={**dict(self.server.headers), "Accept-Encoding": "identity"},
+            timeout=httpx2.Timeout(30.0, read=300.0), transport=transport))
+        return await stack.enter_async_context(Client(
+            streamable_http_client(self.server.url, http_client=http), mode=self.owner.mode,
+            cache=None))
+
+
+class _Process:
+    """One stdio server: its current session (the process), its stderr and its restarts."""
+
+    def __init__(self, server: StdioServer, owner: McpClients) -> None:
+        self.server, self.owner = server, owner
+        self.label = server.describe()
+        self.session: _Session | None = None
+        self.failures = 0
+        self.retry_at = 0.0
+        self.last = ""
+        self.tail: deque[str] = deque(maxlen=STDERR_TAIL)
+
+    async def current(self, deadline: float) -> _Session:
+        """The running session, or a new one once the backoff allows (waiting for it when it
+        ends before ``deadline``); McpFailure otherwise."""
+        s = self.session
+        loop = asyncio.get_running_loop()
+        if s is not None and (s.alive or not s.ready.is_set()):
+            return s
+        if s is not None:
+            self.session_ended(s)
+        if loop.time() < self.retry_at < deadline - 0.1:
+            await asyncio.sleep(self.retry_at - loop.time())
+            if self.session is not s:  # another call started it meanwhile
+                return await self.current(deadline)
+        now = loop.time()
+        if now < self.retry_at:
+            raise McpFailure("not_sent", f"{self.last}; it failed {self.failures} time"
+                             f"{'' if self.failures == 1 else 's'} in a row, the next start is "
+                             f"in {self.retry_at - now:.1f}s")
+        self.tail.clear()
+        s = self.session = _Session(self._open, self.label, self.owner.start_timeout_s)
+        self.owner.sessions.add(s)
+        return s
+
+    def session_ended(self, s: _Session) -> None:
+        """Count a process that went away (once) and set the backoff."""
+        if s.counted:
+            return
+        s.counted = True
+        self.last = s.why_not() + ("" if s.exited else self.stderr_said())
+        if s.ended_at - s.started_at >= STABLE_S and s.client is not None:
+            self.failures = 0  # it ran a while: start again at once
+            self.retry_at = 0.0
+            return
+        self.failures += 1
+        first, longest = BACKOFF_S
+        self.retry_at = s.ended_at + min(longest, first * 2 ** (self.failures - 1))
+
+    def stderr_said(self) -> str:
+        lines = [line for line in self.tail if line.strip()][-3:]
+        return f" (its stderr: {' | '.join(lines)[:500]})" if lines else ""
+
+    def worked(self) -> None:
+        self.failures = 0
+
+    async def _open(self, stack: AsyncExitStack, session: _Session) -> Any:
+        from mcp import Client
+        from mcp.client.stdio import StdioServerParameters, stdio_client
+
+        read_fd, write_fd = os.pipe()
+        errlog = os.fdopen(write_fd, "w")
+        stack.callback(errlog.close)  # the child keeps its copy; ours closes in any case
+        loop = asyncio.get_running_loop()
+        reader = asyncio.StreamReader()
+        pipe, _ = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader),
+                                               os.fdopen(read_fd, "rb", 0))
+        stack.callback(pipe.close)
+        watcher = asyncio.create_task(self._watch(reader, session))
+        stack.callback(watcher.cancel)
+        command = self.server.command
+        params = StdioServerParameters(command=command[0], args=list(command[1:]),
+                                       env=dict(self.server.env) or None, cwd=self.server.cwd)
+        try:
+            client = await stack.enter_async_context(Client(stdio_client(params, errlog=errlog),
+                                                            mode=self.owner.mode, cache=None))
+        except BaseException:
+            errlog.close()
+            await asyncio.sleep(0.05)  # let the watcher log what the process said
+            raise
+        errlog.close()
+        log.info("started MCP server %s", self.label)
+        return client
+
+    async def _watch(self, reader: asyncio.StreamReader, session: _Session) -> None:
+        """The server's stderr into the gateway's log; its end means the process exited."""
+        while True:
+            line = await reader.readline()
+            if not line:
+                break
+            text = line.decode("utf-8", "replace").rstrip()
+            self.tail.append(text)
+            log.info("%s: %s", self.label, text)
+        if self.owner.closing:
+            return
+        session.exited = session.exited or f"the MCP server exited{self.stderr_said()}"
+        if session.client is not None:  # one that dies while starting fails its handshake
+            log.warning("MCP server %s exited%s; the next call starts it again", self.label,
+                        self.stderr_said())
+            session.close()
+
+
+class McpClients:
+    """Every MCP server the gateway calls: HTTP pools and stdio processes. ``commands``
+    allows starting stdio servers (local mode only); ``pooled=False`` opens a session per
+    call and closes it after (the old behaviour, kept for the benchmark)."""
+
+    def __init__(self, *, commands: bool = False, pooled: bool = True, mode: str = "auto",
+                 start_timeout_s: float = START_TIMEOUT_S,
+                 default_cap: int = 4 * 1024 * 1024) -> None:
+        self.commands, self.pooled, self.mode = commands, pooled, mode
+        self.start_timeout_s, self.default_cap = start_timeout_s, default_cap
+        self.pools: dict[HttpServer, _Pool] = {}
+        self.processes: dict[StdioServer, _Process] = {}
+        self.sessions: set[_Session] = set()
+        self.closing = False
+
+    def retire(self, session: _Session) -> None:
+        session.close()
+        session.task.add_done_callback(lambda _: self.sessions.discard(session))
+
+    async def call(self, server: Server, tool: str, arguments: dict[str, Any], *,
+                   timeout_s: float, cap: int, call_headers: dict[str, str] | None = None) -> Any:
+        """The tool's CallToolResult, or McpFailure saying what is known of the call."""
+        if self.closing:
+            raise McpFailure("not_sent", "the gateway is shutting down")
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        if isinstance(server, StdioServer):
+            return await self._call_stdio(server, tool, arguments, deadline, timeout_s, cap)
+        pool = self._pool(server)
+        for fresh in (False, True):  # a session the server forgot is opened again, once
+            session = await pool.checkout(max(0.0, deadline - loop.time()), fresh or not self.pooled)
+            healthy = False
+            try:
+                assert session.transport is not None
+                t = session.transport
+                t.begin(call_headers or {}, cap)
+                try:
+                    with anyio.fail_after(max(0.0, deadline - loop.time())):
+                        result = await session.client.call_tool(tool, arguments)
+                except TimeoutError:
+                    if t.problem:
+                        raise McpFailure("too_large", t.problem) from None
+                    raise McpFailure("timeout", f"no answer within {timeout_s:g}s") from None
+                except Exception as exc:  # the SDK raises many kinds
+                    if t.problem:
+                        raise McpFailure("too_large", t.problem) from None
+                    if t.session_gone and not fresh:
+                        log.info("MCP server %s forgot its session; opening a new one",
+                                 server.url)
+                        continue
+                    if t.unreachable and not t.reached:
+                        raise McpFailure("not_sent", f"cannot connect: {t.unreachable}") from None
+                    refused = _refused(exc)
+                    if refused:
+                        healthy = True
+                        raise McpFailure("refused", refused) from None
+                    raise McpFailure("lost", f"the MCP call failed: {_first_line(exc)}") from None
+                healthy = self.pooled
+                return result
+            finally:
+                pool.checkin(session, healthy)
+        raise McpFailure("not_sent", "the MCP server forgot a session it had just opened")
+
+    async def _call_stdio(self, server: StdioServer, tool: str, arguments: dict[str, Any],
+                          deadline: float, timeout_s: float, cap: int) -> Any:
+        if not self.commands:
+            raise McpFailure("not_sent", "a gateway starts an MCP server from a command only "
+                             "in local mode (unwind gateway --manifests): in a cluster, run the "
+                             "server as a service and give upstream.mcp.url")
+        process = self.processes.get(server)
+        if process is None:
+            process = self.processes[server] = _Process(server, self)
+        loop = asyncio.get_running_loop()
+        session = await process.current(deadline)
+        try:
+            await session.opened(max(0.0, deadline - loop.time()), shared=True)
+        except McpFailure as exc:
+            if session.ready.is_set():  # it ended: count it and name why
+                process.session_ended(session)
+                raise McpFailure("not_sent", process.last) from None
+            raise McpFailure("not_sent", f"{exc}{process.stderr_said()}") from None
+        try:
+            with anyio.fail_after(max(0.0, deadline - loop.time())):
+                result = await session.client.call_tool(tool, arguments)
+        except TimeoutError:
+            raise McpFailure("timeout", f"no answer within {timeout_s:g}s") from None
+        except Exception as exc:
+            refused = _refused(exc)
+            if refused:
+                raise McpFailure("refused", refused) from None
+            why = session.exited or f"the MCP call failed: {_first_line(exc)}"
+            session.close()  # its connection is broken: the next call starts the server again
+            raise McpFailure("lost", why) from None
+        process.worked()
+        size = len(result.model_dump_json(by_alias=True))
+        if size > cap:
+            raise McpFailure("too_large", f"answered with more than {cap} bytes, so the answer "
+                             "was not kept; if it is meant to be this large, raise "
+                             "upstream.max_response_bytes")
+        return result
+
+    async def list_tools(self, server: Server, timeout_s: float = 10.0) -> list[Any]:
+        """The server's tools (the SDK's Tool objects), every page."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        if isinstance(server, StdioServer):
+            if not self.commands:
+                raise McpFailure("not_sent", "MCP servers are started from a command only in "
+                                 "local mode")
+            process = self.processes.setdefault(server, _Process(server, self))
+            session = await process.current(deadline)
+            try:
+                await session.opened(max(0.0, deadline - loop.time()), shared=True)
+            except McpFailure:
+                if session.ready.is_set():
+                    process.session_ended(session)
+                    raise McpFailure("not_sent", process.last) from None
+                raise
+            with anyio.fail_after(max(0.0, deadline - loop.time())):
+                return await _all_tools(session.client)
+        pool = self._pool(server)
+        session = await pool.checkout(timeout_s, not self.pooled)
+        healthy = False
+        try:
+            with anyio.fail_after(max(0.0, deadline - loop.time())):
+                tools = await _all_tools(session.client)
+            healthy = self.pooled
+            return tools
+        finally:
+            pool.checkin(session, healthy)
+
+    def _pool(self, server: HttpServer) -> _Pool:
+        pool = self.pools.get(server)
+        if pool is None:
+            pool = self.pools[server] = _Pool(server, self)
+        now = asyncio.get_running_loop().time()
+        for other in self.pools.values():  # idle sessions past IDLE_S close, in every pool
+            keep = [s for s in other.idle if s.alive and now - s.idle_since < IDLE_S]
+            for s in other.idle:
+                if s not in keep:
+                    self.retire(s)
+            other.idle = keep
+        return pool
+
+    async def aclose(self) -> None:
+        """Close every session and stop every process the gateway started."""
+        self.closing = True
+        sessions = list(self.sessions)
+        for pool in self.pools.values():
+            pool.idle.clear()
+        await asyncio.gather(*(s.wait_closed(CLOSE_TIMEOUT_S) for s in sessions))
+        self.sessions.clear()
+
+
+async def _all_tools(client: Any) -> list[Any]:
+    tools: list[Any] = []
+    cursor: str | None = None
+    for _ in range(100):  # a paginator that never ends cannot hang the start
+        listed = await client.list_tools(cursor=cursor)
+        tools.extend(listed.tools)
+        cursor = listed.next_cursor
+        if not cursor:
+            break
+    return tools
+
+
+def _refused(exc: BaseException) -> str:
+    """The server's word that it did not run the call (a JSON-RPC error it sent), or ''."""
+    from mcp.shared.exceptions import MCPError
+
+    if isinstance(exc, MCPError) and exc.code in _REFUSED_CODES:
+        return f"the MCP server refused the call ({_REFUSED_CODES[exc.code]}): {exc.message}"
+    return ""
