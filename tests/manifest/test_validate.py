@@ -193,6 +193,9 @@ CASES = [
      "replaced_by", "only a deprecated tool names a replacement"),
     ("an upstream names exactly one target", with_(upstream={"method": "POST"}),
      "upstream", "give exactly one of url or mcp"),
+    ("an MCP upstream names a URL or a command, not both",
+     with_(upstream={"mcp": {"url": "http://127.0.0.1:9/mcp", "command": ["srv"], "tool": "t"}}),
+     "upstream.mcp", "give exactly one of url (a streamable HTTP server) or command"),
     ("a placeholder in the upstream URL's host is refused (the agent would choose where "
      "the tool's credentials go)", with_(upstream={"url": "http://{{args.host}}/x"}),
      "upstream.url", "write the host in the manifest"),

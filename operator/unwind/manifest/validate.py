@@ -407,6 +407,23 @@ def upstream_has_one_target(m: ToolManifest) -> Iterator[Finding]:
         yield "upstream.url", f"{u.url!r} must be an http:// or https:// URL"
 
 
+def mcp_server_is_a_url_or_a_command(m: ToolManifest) -> Iterator[Finding]:
+    """An MCP upstream is reached at a URL or started from a command (local mode only:
+    the admission webhook refuses a command in a cluster)."""
+    mcp = m.upstream.mcp if m.upstream is not None else None
+    if mcp is None:
+        return
+    if (mcp.url is None) == (mcp.command is None):
+        yield "upstream.mcp", ("give exactly one of url (a streamable HTTP server) or command "
+                               "(a stdio server the gateway starts, local mode only)")
+    if mcp.url is not None and not mcp.url.startswith(("http://", "https://")):
+        yield "upstream.mcp.url", f"{mcp.url!r} must be an http:// or https:// URL"
+    if mcp.command is not None and not mcp.command[0].strip():
+        yield "upstream.mcp.command", "the first item is the program to run: it cannot be empty"
+    if mcp.command is None and (mcp.env or mcp.cwd is not None):
+        yield "upstream.mcp", "env and cwd go with command: remove them or give a command"
+
+
 _SINGLE_BRACE = re.compile(r"(?<!\{)\{\s*([A-Za-z_][A-Za-z0-9_.-]*)\s*\}(?!\})")
 _URL_MARK = "\x00"
 
@@ -482,6 +499,7 @@ MANIFEST_RULES: tuple[Rule, ...] = (
     lookup_by_key_needs_idempotency,
     replaced_by_only_when_deprecated,
     upstream_has_one_target,
+    mcp_server_is_a_url_or_a_command,
     upstream_url_host_is_fixed,
     upstream_url_placeholders_have_two_braces,
     input_schema_is_bounded_json_schema,
