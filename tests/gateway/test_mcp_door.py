@@ -22,7 +22,12 @@ from mcp.client.streamable_http import streamable_http_client
 
 from unwind.gateway.catalogue import LocalCatalogue
 from unwind.gateway.mcp_server import REPORT_PREFIX
-from unwind.manifest.input_schema import SchemaUnusable, argument_problems, schema_problems
+from unwind.manifest.input_schema import (
+    UPSTREAM_DIALECTS,
+    SchemaUnusable,
+    argument_problems,
+    schema_problems,
+)
 from unwind.manifest.mcp_names import mcp_name
 from upstream.mcp_blocks import LOOKUP_OUTPUT, PNG, SNAPSHOT_SCHEMA
 
@@ -145,10 +150,28 @@ def test_an_argument_schema_fetches_nothing_and_a_ref_loop_is_the_schemas_fault(
     loop = {"type": "object", "properties": {"x": {"$ref": "#/properties/x"}}}
     with pytest.raises(SchemaUnusable, match="recurses"):
         argument_problems(loop, {"x": 1})
+    dangling = {"type": "object", "properties": {"x": {"$ref": "#/$defs/owner"}}}
+    assert "points to nothing in the schema" in schema_problems(dangling)[0][1]
+    anchored = {"type": "object", "properties": {"x": {"$ref": "#owner"}},
+                "$defs": {"o": {"$anchor": "owner", "type": "string"}}}
+    assert schema_problems(anchored) == []
+    assert argument_problems(anchored, {"x": 1}) == [("arguments.x", "1 is not of type 'string'")]
     nested = {"type": "object", "properties": {"items": {"type": "array", "items": {
         "type": "object", "required": ["name"]}}}}
     assert argument_problems(nested, {"items": [{"name": "a"}, {}]}) == [
         ("arguments.items[1].name", "'name' is a required property")]
+
+
+def test_an_mcp_upstreams_draft_07_schema_is_checked_with_its_own_dialect() -> None:
+    zod = {"$schema": "http://json-schema.org/draft-07/schema#", "type": "object",
+           "properties": {"entities": {"type": "array", "items": {"$ref": "#/definitions/e"}}},
+           "definitions": {"e": {"type": "object", "required": ["name"]}},
+           "required": ["entities"], "additionalProperties": False}
+    assert "2020-12 only" in schema_problems(zod)[0][1]  # not in a manifest
+    assert schema_problems(zod, "inputSchema", UPSTREAM_DIALECTS) == []
+    assert argument_problems(zod, {"entities": [{}], "extra": 1}) == [
+        ("arguments", "Additional properties are not allowed ('extra' was unexpected)"),
+        ("arguments.entities[0].name", "'name' is a required property")]
 
 
 # ---- the report in content ----

@@ -4,7 +4,8 @@ is recorded: a call's arguments against its tool's input schema.
 The schema of a tool is its manifest's ``input_schema`` when it has one; else, for an MCP
 upstream, the schema the upstream listed (``tools/list``), unless the manifest pinned
 another ``schema_hash`` (then the call is refused as ``schema_drift`` further on, and
-recorded); else there is none and nothing is checked. Arguments that do not conform are
+recorded), or unless it is not one the gateway can check (logged once); else there is none
+and nothing is checked. Arguments that do not conform are
 answered ``400 validation_error`` naming each field (``arguments.owner: 'owner' is a
 required property``) and not recorded, like the bounds of limits.py: the upstream would
 refuse them too, and the agent gets to fix its call first. The check holds in observe
@@ -16,7 +17,12 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from ..manifest.input_schema import SchemaUnusable, argument_problems, schema_problems
+from ..manifest.input_schema import (
+    UPSTREAM_DIALECTS,
+    SchemaUnusable,
+    argument_problems,
+    schema_problems,
+)
 from ..manifest.lint import schema_hash_of
 from ..manifest.model import ToolManifest
 from .errors import Refusal
@@ -67,7 +73,7 @@ def _usable(m: ToolManifest, schema: dict[str, Any]) -> bool:
     known = _judged.get(id(schema))
     if known is not None and known[0] is schema:
         return known[1]
-    problems = schema_problems(schema, "inputSchema")
+    problems = schema_problems(schema, "inputSchema", UPSTREAM_DIALECTS)
     if len(_judged) > 1024:
         _judged.clear()
     _judged[id(schema)] = (schema, not problems)  # the schema is kept: its id stays its own

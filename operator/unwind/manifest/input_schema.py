@@ -6,8 +6,10 @@ before anything is recorded. The checking is the ``jsonschema`` library's (the e
 reference implementation), with bounds, because a schema is read from a manifest or an
 upstream and evaluated on every call:
 
-- the dialect is always 2020-12 (a ``$schema`` naming another is refused, not followed);
-- ``$ref`` / ``$dynamicRef`` point inside the schema only (``#...``): nothing is fetched;
+- a manifest's schema is 2020-12 (a ``$schema`` naming another is refused, not followed);
+  an MCP upstream's may also be 2019-09 or draft-07, each checked by its own validator;
+- ``$ref`` / ``$dynamicRef`` point inside the schema only (``#...``), at something that
+  is there: nothing is fetched;
 - a schema is at most ``MAX_SCHEMA_BYTES`` as compact JSON and nests at most
   ``MAX_SCHEMA_DEPTH`` levels;
 - the root is an object schema (``type: object``), as MCP requires of ``inputSchema``;
@@ -25,8 +27,13 @@ import re
 from collections.abc import Iterator, Sequence
 from itertools import islice
 from typing import Any
+from urllib.parse import unquote
 
 DIALECT = "https://json-schema.org/draft/2020-12/schema"
+# What an MCP upstream may list besides 2020-12 (zod-based servers write draft-07): each is
+# evaluated by its own validator, all local to the library. A manifest writes 2020-12 only.
+UPSTREAM_DIALECTS = (DIALECT, "https://json-schema.org/draft/2019-09/schema",
+                     "http://json-schema.org/draft-07/schema")
 MAX_SCHEMA_BYTES = 64 * 1024
 MAX_SCHEMA_DEPTH = 32
 MAX_ERRORS = 3
@@ -58,22 +65,64 @@ def _depth(value: Any) -> int:
     return deepest
 
 
-def _refs(node: Any, path: tuple[Any, ...] = ()) -> Iterator[tuple[tuple[Any, ...], str, Any]]:
-    """Every ``$ref`` / ``$dynamicRef`` / ``$schema`` value with its path."""
+def _keys(node: Any, keys: tuple[str, ...],
+          path: tuple[Any, ...] = ()) -> Iterator[tuple[tuple[Any, ...], str, Any]]:
+    """Every value of one of ``keys`` with its path (the schema's depth is bounded first)."""
     if isinstance(node, dict):
         for key, value in node.items():
-            if key in ("$ref", "$dynamicRef", "$schema"):
+            if key in keys:
                 yield (*path, key), key, value
-            yield from _refs(value, (*path, key))
+            yield from _keys(value, keys, (*path, key))
     elif isinstance(node, list):
         for i, value in enumerate(node):
-            yield from _refs(value, (*path, i))
+            yield from _keys(value, keys, (*path, i))
 
 
-def schema_problems(schema: Any, root: str = "input_schema") -> list[tuple[str, str]]:
+def _refs(node: Any) -> Iterator[tuple[tuple[Any, ...], str, Any]]:
+    """Every ``$ref`` / ``$dynamicRef`` / ``$schema`` value with its path."""
+    return _keys(node, ("$ref", "$dynamicRef", "$schema"))
+
+
+def _name(schema: dict[str, Any]) -> str:
+    return {UPSTREAM_DIALECTS[1]: "2019-09", UPSTREAM_DIALECTS[2]: "draft-07"}.get(
+        _dialect(schema.get("$schema")), "2020-12")
+
+
+def _dialect(value: Any) -> str:
+    return value.rstrip("#") if isinstance(value, str) else ""
+
+
+def _validator_class(schema: dict[str, Any]) -> Any:
+    from jsonschema import Draft7Validator, Draft201909Validator, Draft202012Validator
+
+    return {UPSTREAM_DIALECTS[1]: Draft201909Validator, UPSTREAM_DIALECTS[2]: Draft7Validator}.get(
+        _dialect(schema.get("$schema")), Draft202012Validator)
+
+
+def _points_inside(schema: dict[str, Any], ref: str) -> bool:
+    """Whether a ``#...`` reference names a part of ``schema`` (a JSON pointer or an anchor)."""
+    fragment = unquote(ref[1:])
+    if not fragment:
+        return True
+    if not fragment.startswith("/"):
+        anchors = {v for _, k, v in _keys(schema, ("$anchor", "$dynamicAnchor"))}
+        return fragment in anchors
+    node: Any = schema
+    for part in fragment[1:].split("/"):
+        part = part.replace("~1", "/").replace("~0", "~")
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        else:
+            return False
+    return True
+
+
+def schema_problems(schema: Any, root: str = "input_schema",
+                    dialects: tuple[str, ...] = (DIALECT,)) -> list[tuple[str, str]]:
     """Why ``schema`` cannot serve as an argument schema: ``(field path, message)`` pairs,
-    empty when it can."""
-    from jsonschema import Draft202012Validator
+    empty when it can. ``dialects``: the ``$schema`` values accepted."""
     from jsonschema.exceptions import SchemaError
 
     if not isinstance(schema, dict):
@@ -89,22 +138,28 @@ def schema_problems(schema: Any, root: str = "input_schema") -> list[tuple[str, 
     if _depth(schema) > MAX_SCHEMA_DEPTH:
         return [(root, f"nests deeper than {MAX_SCHEMA_DEPTH} levels: use $defs and $ref")]
     problems: list[tuple[str, str]] = []
+    nested_ids = any(path for path, _, _ in _keys(schema, ("$id",)))
     for path, key, value in _refs(schema):
         where = field_path(root, path)
         if key == "$schema":
-            if value not in (DIALECT, DIALECT + "#"):
+            if path != ("$schema",) or _dialect(value) not in dialects:
                 problems.append((where, f"{value!r}: argument schemas are read as JSON Schema "
-                                 f"2020-12 only; remove $schema or write {DIALECT}"))
+                                 f"2020-12 only; remove $schema or write {DIALECT}"
+                                 if dialects == (DIALECT,) else
+                                 f"{value!r} is not a dialect the gateway checks"))
         elif not isinstance(value, str) or not value.startswith("#"):
             problems.append((where, f"{value!r} points outside the schema: write references "
                              "as #/$defs/<name> (the gateway fetches no schema)"))
+        elif not nested_ids and not _points_inside(schema, value):
+            problems.append((where, f"{value!r} points to nothing in the schema: add what it "
+                             "names (under $defs) or fix the reference"))
     if problems:
         return problems
     try:
-        Draft202012Validator.check_schema(schema)
+        _validator_class(schema).check_schema(schema)
     except SchemaError as exc:
         return [(field_path(root, list(exc.absolute_path)),
-                 f"is not valid JSON Schema 2020-12: {_cut(exc.message)}")]
+                 f"is not valid JSON Schema {_name(schema)}: {_cut(exc.message)}")]
     if schema.get("type") != "object":
         return [(f"{root}.type", "the arguments are an object: write type: object (MCP requires "
                  "an object schema)")]
@@ -113,12 +168,12 @@ def schema_problems(schema: Any, root: str = "input_schema") -> list[tuple[str, 
 
 @functools.lru_cache(maxsize=512)
 def _compiled(text: str) -> Any:
-    from jsonschema import Draft202012Validator
     from referencing import Registry
 
     # An empty registry that retrieves nothing: a $ref that escapes the schema fails
     # (Unresolvable) instead of reaching the network or the disk.
-    return Draft202012Validator(json.loads(text), registry=Registry())
+    schema = json.loads(text)
+    return _validator_class(schema)(schema, registry=Registry())
 
 
 def compiled(schema: dict[str, Any]) -> Any:
