@@ -152,13 +152,19 @@ def build_server(gateway: Gateway, default_run: str | None,
     for itself."""
     in_content = report_in_content_default() if report_in_content is None else report_in_content
 
+    names: dict[str, dict[str, str]] = {}  # catalogue generation -> MCP name -> tool
+
     def tool_of(name: str) -> ToolManifest | None:
         """The manifest a tools/call names: by its served name, else by its own name."""
-        for served in gateway.catalogue.tools():
-            if mcp_name(served.manifest.tool) == name:
-                return served.manifest
-        served_as = gateway.catalogue.get(name)
-        return served_as.manifest if served_as is not None else None
+        generation = gateway.catalogue.generation
+        by_name = names.get(generation)
+        if by_name is None:  # once per catalogue generation, not per call
+            by_name = {mcp_name(s.manifest.tool): s.manifest.tool
+                       for s in gateway.catalogue.tools()}
+            names.clear()
+            names[generation] = by_name
+        served = gateway.catalogue.get(by_name.get(name, name))
+        return served.manifest if served is not None else None
 
     async def list_tools(ctx: Any, params: Any) -> types.ListToolsResult:
         return types.ListToolsResult(tools=[served_tool(s.manifest, gateway)
