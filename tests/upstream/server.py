@@ -5,7 +5,7 @@ first call's answer again, without a second effect), counts every request by rou
 misbehaves on demand, per route, through its admin endpoint:
 
     POST /_admin/behave {"route": "comments.create", "mode": "fail"|"hang"|"drop"|"not_json"|"ok"
-                         |"slow", "status": 500, "delay": 0.1}
+                         |"slow"|"empty", "status": 500, "delay": 0.1}
     GET  /_admin/requests     {"count": N, "by_route": {...}, "effects_by_route": {...},
                                "requests": [...]} (an effect: a 2xx answer that was not a replay)
     POST /_admin/watch        {"ledger_dir": DIR}: every request records the ledger entries
@@ -18,7 +18,10 @@ misbehaves on demand, per route, through its admin endpoint:
 see that the gateway masks redacted values); ``hang`` never answers; ``slow`` answers
 as ``ok`` after ``delay`` seconds; ``drop`` applies the
 effect and closes the connection without an answer; ``not_json`` applies it and answers
-plain text.
+plain text; ``empty`` applies it and answers 200 with an empty body.
+
+Like GitHub and Stripe, a thing that is gone (deleted, or never made) answers 404, to a
+read and to a DELETE alike; a DELETE that removes something answers 204 No Content.
 
 Run it for the quickstart: ``python -m tests.upstream.server [--port 8788]``.
 """
@@ -41,6 +44,7 @@ import aiohttp
 from aiohttp import web
 
 DEFAULT_PORT = 8788
+NO_CONTENT = object()  # a handler's answer: 204 with no body (as GitHub's DELETEs answer)
 Handler = Callable[[web.Request, dict[str, Any]], Awaitable[Any]]
 
 
@@ -134,6 +138,10 @@ class Upstream:
                 return web.Response(status=200)
             if mode == "not_json":
                 return web.Response(text="OK, done", content_type="text/plain")
+            if mode == "empty":
+                return web.Response(status=200)  # Content-Length: 0
+            if answer is NO_CONTENT:
+                return web.Response(status=204)
             return web.json_response(answer)
         return serve
 
@@ -168,11 +176,12 @@ class Upstream:
 
     async def get_comment(self, request: web.Request, _: dict[str, Any]) -> Any:
         comment = self.comments.get(int(request.match_info["id"]))
-        return {"found": comment is not None, **(comment or {})}
+        return comment or web.json_response({"error": "no such comment"}, status=404)
 
     async def delete_comment(self, request: web.Request, _: dict[str, Any]) -> Any:
-        self.comments.pop(int(request.match_info["id"]), None)
-        return {"deleted": True}
+        if self.comments.pop(int(request.match_info["id"]), None) is None:
+            return web.json_response({"error": "no such comment"}, status=404)
+        return NO_CONTENT
 
     async def create_issue(self, _: web.Request, a: dict[str, Any]) -> Any:
         number = next(self.ids)
@@ -200,8 +209,8 @@ class Upstream:
     async def get_release(self, _: web.Request, a: dict[str, Any]) -> Any:
         for release in self.releases.values():
             if (release["repo"], release["tag"]) == (a.get("repo"), a.get("tag")):
-                return {"found": True, **release}
-        return {"found": False}
+                return release
+        return web.json_response({"error": "no such release"}, status=404)
 
     async def publish_release(self, request: web.Request, _: dict[str, Any]) -> Any:
         release = self.releases.get(int(request.match_info["id"]))
@@ -211,8 +220,9 @@ class Upstream:
         return release
 
     async def delete_release(self, request: web.Request, _: dict[str, Any]) -> Any:
-        self.releases.pop(int(request.match_info["id"]), None)
-        return {"deleted": True}
+        if self.releases.pop(int(request.match_info["id"]), None) is None:
+            return web.json_response({"error": "no such release"}, status=404)
+        return NO_CONTENT
 
     # ---- admin ----
 

@@ -15,7 +15,13 @@ values, redacted ones included, percent-encoded where masking cannot see them.
 
 An answer is read up to ``upstream.max_response_bytes`` after decompression (default
 4 MiB) and nested at most ``limits.MAX_DEPTH`` deep; past that it is not read further and
-the call's outcome is unknown (``too_large``: the upstream may have acted).
+the call's outcome is unknown (``too_large``: the upstream may have acted). A 2xx answer
+with no body (204 No Content, or an empty 200) is a success whose result is ``null``; a
+body that is not JSON is ``not_json`` (the upstream may have acted, its answer is unread).
+
+An argument that fills a URL placeholder is not sent again in the body or the query,
+unless ``upstream.send_placeholder_args`` is true (an API with filter syntax in its URL,
+``?id=eq.{{args.id}}``, refuses the repeat).
 
 HTTP goes through one aiohttp session; MCP through the ``mcp`` SDK's client, its sessions
 kept open between calls and stdio servers started in local mode (``mcp_upstream.py``).
@@ -161,6 +167,9 @@ def prepare(m: ToolManifest, arguments: dict[str, Any], secrets: Secrets,
     else:
         assert u.url is not None  # the validator guarantees one of url or mcp
         method, url, mcp_tool, template = u.method, fill_url(u.url, arguments), None, u.url
+        if not u.send_placeholder_args:  # in the URL already: not again in the body or query
+            placed = set(_encoded_template(u.url)[1])
+            arguments = {k: v for k, v in arguments.items() if k not in placed}
     return Prepared(m, method, url, arguments, headers, timeout_ms / 1000,
                     retry.attempts if retry else 1, retry.base_ms if retry else 0,
                     retry.max_ms if retry else 0, mcp_tool,
@@ -215,7 +224,8 @@ class Upstream:
 
     async def _http(self, p: Prepared) -> Answer:
         body = p.arguments if p.method in ("POST", "PUT", "PATCH") else None
-        params = None if body is not None else {k: _query_value(v) for k, v in p.arguments.items()}
+        params = None if body is not None or not p.arguments else {
+            k: _query_value(v) for k, v in p.arguments.items()}
         timeout = aiohttp.ClientTimeout(total=p.timeout_s)
         try:
             async with self.session().request(p.method, yarl.URL(p.url, encoded=True), json=body,
@@ -250,7 +260,9 @@ class Upstream:
             return Answer("error_status", status, None, message)
         if not 200 <= status < 300:
             return Answer("error_status", status, None if data is _NOT_JSON else data, text[:2000])
-        if data is _NOT_JSON or data is None:
+        if data is None:  # 204 No Content, or a 2xx with an empty body: done, nothing said
+            return Answer("ok", status, None, "")
+        if data is _NOT_JSON:
             return Answer("not_json", status, None, text[:2000])
         return Answer("ok", status, data, "")
 

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
-from ..manifest.model import Effect, ToolManifest
+from ..manifest.model import Absent, Effect, ToolManifest
 from ..manifest.refs import Missing, Ref, RefSyntaxError, expected_reference, parse_ref, resolve
 from ..manifest.undo_refs import guarded_fields
 from .entry import Entry, Handle, Staged, parse_stamp, stamp
@@ -62,6 +62,10 @@ class ReadBack:
     # With a capture: expect path -> what the call left there ($result at that path). The
     # step reads the state first and stops ("diverged") when a field no longer holds it.
     left: Mapping[str, Any] | None = None
+    # The read-back proves the thing gone (manifest: verification.absent), and the undo
+    # call's statuses that count as done when the read-back confirms (done_statuses).
+    absent: Absent | None = None
+    done_statuses: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -204,7 +208,8 @@ def _undo(entry: Entry, m: ToolManifest, now: datetime, refs: _Refs) -> Step:
         was_left = {path: value for path, ref in compiled.guarded
                     if not isinstance(value := resolve(ref, handle.args, handle.result,
                                                        entry.key, handle.before), Missing)}
-        read_back = ReadBack(v.tool, args, expect, v.retries, v.backoff_ms, was_left or None)
+        read_back = ReadBack(v.tool, args, expect, v.retries, v.backoff_ms, was_left or None,
+                             absent=v.absent, done_statuses=tuple(c.done_statuses or ()))
     kind: Action = "inverse" if c.kind == "inverse" else "compensate"
     # An interrupted inverse is finished with the same step even past the deadline: it
     # may have been applied already, and its idempotency key makes the retry harmless.

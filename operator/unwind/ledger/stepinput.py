@@ -23,9 +23,9 @@ import hashlib
 from collections.abc import Sequence
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from ..manifest.model import ToolManifest
+from ..manifest.model import Absent, ToolManifest
 from .entry import Entry, Handle
 from .plan import Action, PlanError, Step, Versions
 
@@ -70,13 +70,22 @@ class PlanStep(_Model):
 class ReadBackInput(_Model):
     manifest: ToolManifest = Field(description="The read_only verification tool.")
     arguments: dict[str, Any]
-    expect: dict[str, Any] = Field(min_length=1)
+    expect: dict[str, Any] = Field(default_factory=dict)
     retries: int = Field(ge=1, le=10)
     backoff_ms: int = Field(ge=0)
     left: dict[str, Any] | None = Field(
         None, description="With a capture: expect path -> what the call left there. The runner "
                           "reads the state before the undo and reports diverged when a field "
                           "no longer holds it.")
+    absent: Absent | None = Field(None, description="The read-back proves the thing gone.")
+    done_statuses: list[int] = Field(default_factory=list, description="The undo call's statuses "
+                                     "that count as done when the read-back confirms.")
+
+    @model_validator(mode="after")
+    def _expects_or_absent(self) -> ReadBackInput:
+        if bool(self.expect) == (self.absent is not None):
+            raise ValueError("give expect (at least one entry) or absent, exactly one")
+        return self
 
 
 class EffectInput(_Model):
@@ -114,6 +123,10 @@ def step_input(ledger: str, step: Step, entry: Entry, versions: Versions, *,
         out["verification"] = {"manifest": _today(versions, v.tool, step).canonical_dict(),
                                "arguments": v.arguments, "expect": v.expect,
                                "retries": v.retries, "backoff_ms": v.backoff_ms}
+        if v.absent is not None:
+            out["verification"]["absent"] = v.absent.model_dump(mode="json")
+        if v.done_statuses:
+            out["verification"]["done_statuses"] = list(v.done_statuses)
         if v.left:
             out["verification"]["left"] = dict(v.left)
     if step.action == "lookup":

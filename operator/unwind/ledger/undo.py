@@ -11,7 +11,7 @@ import json
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from ..manifest.model import Effect, ToolManifest
+from ..manifest.model import Absent, Effect, ToolManifest
 from ..manifest.refs import parse_ref, resolve_map
 
 Plan = Literal["compensate", "skip", "unrecoverable"]
@@ -44,6 +44,27 @@ def first_mismatch(expect: Mapping[str, Any], answer: Any) -> str | None:
         if not same(current, want):
             return f"{path} is {show(current)}, expected {show(want)}"
     return None
+
+
+def absence_problem(absent: Absent, status: int | None, answer: Any) -> str | None:
+    """None when a read-back's answer proves the thing gone (``verification.absent``): a
+    status it lists (404 and 410 by default), or a 2xx answer that is an empty list or
+    matches its ``shape``; else why it does not, as a sentence."""
+    code = status or 0
+    if code in absent.statuses:
+        return None
+    listed = ", ".join(str(s) for s in absent.statuses) or "none"
+    if not 200 <= code < 300:
+        return f"the read-back answered {code}, which is not a status absent lists ({listed})"
+    if isinstance(answer, list) and not answer:
+        return None
+    if absent.shape is not None:
+        mismatch = first_mismatch(absent.shape, answer)
+        if mismatch is None:
+            return None
+        return f"it is still there: the read-back answered {code} and {mismatch} (absent.shape)"
+    return (f"it is still there: the read-back answered {code} with "
+            f"{'no body' if answer is None else 'something'}, not {listed} or an empty list")
 
 
 def same(a: Any, b: Any) -> bool:

@@ -22,7 +22,9 @@ Decisions where tool-manifests.txt is silent (each case runs in its own simulate
 - ``expect_handle`` and ``expect_verification`` equal the resolved arguments exactly;
   ``verify_with`` is the read-back's answer and ``expect_verified`` (default true when
   ``verify_with`` is given; not allowed without it) says whether every ``expect`` entry
-  must match. Deep equality tells a bool from a number, but not 1 from 1.0 (JSON does not).
+  must match. ``verify_status`` (default 200) is the read-back's status: with
+  ``verification.absent``, a status it lists or an empty/declared not-found answer is
+  verified; without it, a status that is not 2xx never is. Deep equality tells a bool from a number, but not 1 from 1.0 (JSON does not).
 - ``expect_duplicate: true`` repeats the call with the same arguments: it must be refused as
   a duplicate, which needs an idempotency key and a first call that still stands (a failed
   first call frees its key). ``false`` or absent is not asserted.
@@ -41,7 +43,7 @@ from typing import Any, ClassVar
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
-from ..ledger.undo import Plan, first_mismatch, plan_call, same
+from ..ledger.undo import Plan, absence_problem, first_mismatch, plan_call, same
 from ..ledger.undo import show as _show
 from ..workspace.walk import expand
 from .issues import Issue, issues_from_validation_error
@@ -51,7 +53,7 @@ from .model import Lifecycle, ToolManifest
 from .refs import RefSyntaxError, resolve_expected, resolve_map
 
 _EXPECTATIONS = ("expect_plan", "expect_handle", "expect_verification", "verify_with",
-                 "expect_verified", "expect_duplicate")
+                 "verify_status", "expect_verified", "expect_duplicate")
 
 
 class TestCase(BaseModel):
@@ -70,6 +72,7 @@ class TestCase(BaseModel):
     expect_handle: dict[str, Any] | None = None
     expect_verification: dict[str, Any] | None = None
     verify_with: Any = None
+    verify_status: int | None = None
     expect_verified: bool | None = None
     expect_duplicate: bool | None = None
     expect_blocked: str | None = None
@@ -81,8 +84,10 @@ class TestCase(BaseModel):
     def _consistent(self) -> TestCase:
         if self.fail is not None and self.result is not None:
             raise ValueError("a call either succeeds (result) or fails (fail): remove one")
-        if self.expect_verified is not None and self.verify_with is None:
-            raise ValueError("expect_verified needs verify_with: the answer the read-back gets")
+        if self.expect_verified is not None and self.verify_with is None \
+                and self.verify_status is None:
+            raise ValueError("expect_verified needs verify_with (the answer the read-back "
+                             "gets) or verify_status (its status)")
         if self.expect_blocked is not None:
             others = [f for f in _EXPECTATIONS if getattr(self, f) is not None]
             if others:
@@ -329,7 +334,8 @@ def _expectations(case: TestCase, m: ToolManifest, run: _Run, plan: Plan,
                                 f"{_show(case.expect_handle)}: {differences(handle, case.expect_handle)}")
     v = m.compensation.verification if m.compensation else None
     field = "expect_verification" if case.expect_verification is not None else "verify_with"
-    if case.expect_verification is not None or case.verify_with is not None:
+    read_back = case.verify_with is not None or case.verify_status is not None
+    if case.expect_verification is not None or read_back:
         if case.fail is not None:
             yield field, "the call failed, so nothing is undone or read back"
             v = None
@@ -343,10 +349,16 @@ def _expectations(case: TestCase, m: ToolManifest, run: _Run, plan: Plan,
             yield "expect_verification", (
                 f"the verification arguments are {_show(got)}, expected "
                 f"{_show(case.expect_verification)}: {differences(got, case.expect_verification)}")
-    if v is not None and case.verify_with is not None:
-        expect, unknown = resolve_expected(v.expect, case.args, result, key)
-        mismatch = ("the expected values are unavailable: " + "; ".join(unknown) if unknown
-                    else first_mismatch(expect, case.verify_with))
+    if v is not None and read_back:
+        status = 200 if case.verify_status is None else case.verify_status
+        if v.absent is not None:
+            mismatch = absence_problem(v.absent, status, case.verify_with)
+        elif not 200 <= status < 300:
+            mismatch = f"the read-back answered {status}, not a 2xx answer to compare"
+        else:
+            expect, unknown = resolve_expected(v.expect, case.args, result, key)
+            mismatch = ("the expected values are unavailable: " + "; ".join(unknown) if unknown
+                        else first_mismatch(expect, case.verify_with))
         if case.expect_verified is not False and mismatch is not None:
             yield "verify_with", f"the read-back would be rejected: {mismatch}"
         elif case.expect_verified is False and mismatch is None:

@@ -109,12 +109,34 @@ def _approval(value: Any) -> Any:
     return value
 
 
+class Absent(Strict):
+    """When the read-back proves the thing is gone: one of these statuses, a 2xx answer that
+    is an empty list, or a 2xx answer matching ``shape``."""
+
+    statuses: list[int] = Field(default_factory=lambda: [404, 410], description="Answer statuses (400 to 499) that mean gone; default [404, 410].")
+    shape: dict[str, Any] | None = Field(None, description="Dotted path in a 2xx answer → value (deep equal): an answer matching every entry means gone, e.g. {found: false}.")
+
+
+def _absent(value: Any) -> Any:
+    if value is True:
+        return {}
+    if value is False:
+        raise ValueError("absent: false says nothing: leave absent out and write expect")
+    return value
+
+
 class Verification(Strict):
-    """A read-only call made after the undo; the undo only counts when its answer matches."""
+    """A read-only call made after the undo; the undo only counts when its answer matches
+    ``expect``, or, with ``absent``, when the answer says the thing is gone."""
 
     tool: ToolName = Field(description="A registered read_only tool.")
     arguments: dict[str, Reference] = Field(default_factory=dict, description="References resolved from the original call and result.")
-    expect: dict[str, Any] = Field(description="Dotted path in the answer → expected value (deep equal). At least one entry.")
+    expect: dict[str, Any] = Field(default_factory=dict, description="Dotted path in the answer → expected value (deep equal). At least one entry, unless absent is given.")
+    absent: Annotated[
+        Absent | None,
+        BeforeValidator(_absent),
+        WithJsonSchema({"anyOf": [{"type": "boolean", "enum": [True]}, Absent.model_json_schema()]}),
+    ] = Field(None, description="The undo removes the thing: true (a 404 or 410 answer, or an empty list), or {statuses, shape}. Instead of expect.")
     retries: int = Field(3, ge=1, le=10, description="Attempts, 1 to 10.")
     backoff_ms: Duration = Field(1000, description="Wait before the second attempt; doubled after each.")
 
@@ -144,6 +166,7 @@ class Compensation(Strict):
     requires_approval: bool = Field(False, description="A human must approve running this compensation.")
     timeout_ms: OptDuration = Field(None, description="Recorded on the undo step for whoever runs it.")
     verification: Verification | None = Field(None, description="Read-back that proves the undo worked.")
+    done_statuses: list[int] | None = Field(None, description="Statuses (400 to 499) of the undo call that count as done when the read-back then confirms, e.g. [404] for a DELETE of something already gone. Needs verification.")
     deadline: Deadline | None = Field(None, description="Until when the inverse applies.")
 
 
@@ -225,6 +248,7 @@ class Upstream(Strict):
     headers: dict[str, str | HeaderValue] = Field(default_factory=dict, description="Literal values or {secretKeyRef: {name, key}}.")
     timeout_ms: OptDuration = None
     mcp: McpUpstream | None = None
+    send_placeholder_args: bool | None = Field(None, description="Send an argument that fills a URL placeholder in the body or query too (default: only in the URL).")
     max_response_bytes: int | None = Field(
         None, ge=1024, le=16 * 1024 * 1024,
         description="How many bytes of the upstream's answer (after decompression) the gateway "

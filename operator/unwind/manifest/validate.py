@@ -313,10 +313,58 @@ def one_value_where_one_is_needed(m: ToolManifest) -> Iterator[Finding]:
 
 
 def verification_expects_something(m: ToolManifest) -> Iterator[Finding]:
+    """A read-back checks values (expect) or that the thing is gone (absent): one of them."""
     v = m.compensation.verification if m.compensation else None
-    if v is not None and not v.expect:
+    if v is None:
+        return
+    if v.absent is not None and v.expect:
+        yield "compensation.verification.expect", ("and absent cannot both be given: absent "
+                                                   "proves the thing is gone, so there are no "
+                                                   "values to expect; remove one")
+    elif v.absent is None and not v.expect:
         yield "compensation.verification.expect", ("is empty: add at least one "
-                                                   "path: expected value")
+                                                   "path: expected value, or absent: true "
+                                                   "when the undo removes the thing")
+
+
+def _client_error_statuses(path: str, statuses: list[int]) -> Iterator[Finding]:
+    for i, status in enumerate(statuses):
+        if not 400 <= status <= 499:
+            yield f"{path}[{i}]", (f"{status} is not a status from 400 to 499: only a client "
+                                   "error can mean 'not there' (a 2xx is read as an answer, "
+                                   "a 5xx is a failure)")
+
+
+def absence_is_declared_clearly(m: ToolManifest) -> Iterator[Finding]:
+    """absent's statuses are client errors, its shape names at least one path that parses;
+    done_statuses are client errors and need a read-back to confirm them."""
+    c = m.compensation
+    if c is None:
+        return
+    v = c.verification
+    if v is not None and v.absent is not None:
+        a = v.absent
+        if not a.statuses and a.shape is None:
+            yield "compensation.verification.absent.statuses", (
+                "is empty and there is no shape: nothing but an empty list would mean gone; "
+                "list statuses such as [404, 410] or give a shape")
+        yield from _client_error_statuses("compensation.verification.absent.statuses",
+                                          a.statuses)
+        if a.shape is not None and not a.shape:
+            yield "compensation.verification.absent.shape", (
+                "is empty, so every answer would mean gone: add at least one path: value "
+                "(e.g. found: false) or remove shape")
+        for key in (a.shape or {}):
+            try:
+                parse_ref("$result." + key)
+            except RefSyntaxError as exc:
+                yield f"compensation.verification.absent.shape.{key}", str(exc)
+    if c.done_statuses is not None:
+        if v is None:
+            yield "compensation.done_statuses", (
+                "needs compensation.verification: a status such as 404 counts as done only "
+                "when a read-back confirms the thing is gone (a wrong URL answers 404 too)")
+        yield from _client_error_statuses("compensation.done_statuses", c.done_statuses)
 
 
 def approval_rules_are_consistent(m: ToolManifest) -> Iterator[Finding]:
@@ -490,6 +538,7 @@ MANIFEST_RULES: tuple[Rule, ...] = (
     deadline_bounds_an_inverse,
     retry_only_when_safe,
     verification_expects_something,
+    absence_is_declared_clearly,
     verification_expect_parses,
     one_value_where_one_is_needed,
     approval_rules_are_consistent,

@@ -39,8 +39,8 @@ from ..gateway.secrets import Secrets
 from ..gateway.upstream import Answer, Upstream, prepare
 from ..ledger.entry import now, stamp
 from ..ledger.handle import build_handle
-from ..ledger.stepinput import StepInput
-from ..ledger.undo import first_mismatch
+from ..ledger.stepinput import ReadBackInput, StepInput
+from ..ledger.undo import absence_problem, first_mismatch
 from ..manifest.model import ToolManifest
 
 MESSAGE_LIMIT = 4096
@@ -108,11 +108,17 @@ async def _undo(spec: StepInput, upstream: Upstream, secrets: Secrets, result: d
                 spec.idempotency_key
     answer = await _send(m, args, secrets, headers, upstream)
     result["call"] = _call_record(answer)
-    if answer.kind != "ok":
+    v = spec.verification
+    # A declared status (a DELETE's 404: already gone) counts as done only once the
+    # read-back confirms it; any other failure fails the step.
+    done_by_status = (answer.kind == "error_status" and v is not None
+                      and answer.status in v.done_statuses)
+    if answer.kind != "ok" and not done_by_status:
         result.update(outcome="undo_failed", entry_state="undo_failed",
                       reason=f"{m.tool}: {_failure(answer)}")
         return
-    v = spec.verification
+    said = (f"{m.tool} answered {answer.status}, a status compensation.done_statuses counts "
+            "as done once confirmed" if done_by_status else f"{m.tool} answered {answer.status}")
     if v is None:
         result.update(ok=True, outcome="undone", entry_state="undone",
                       reason=f"{m.tool} answered {answer.status}; no read-back is declared")
@@ -121,29 +127,41 @@ async def _undo(spec: StepInput, upstream: Upstream, secrets: Secrets, result: d
     for attempt in range(1, v.retries + 1):
         read = await _send(v.manifest, dict(v.arguments), secrets, {}, upstream)
         try:
-            mismatch = (first_mismatch(v.expect, read.data) if read.kind == "ok"
-                        else f"the read-back {v.manifest.tool} failed: {_failure(read)}")
+            mismatch = _read_back_mismatch(v, read)
         except ValueError as exc:  # an expect path that does not parse: retrying cannot help
             why = f"the read-back {v.manifest.tool} cannot be evaluated: {exc}"
             result["verification"] = {"tool": v.manifest.tool, "attempts": attempt,
                                       "matched": False}
             result.update(outcome="undo_failed", entry_state="undo_failed", first_mismatch=why,
-                          reason=f"{m.tool} answered {answer.status}, but {why}; fix "
-                                 "compensation.verification.expect and roll back again")
+                          reason=f"{said}, but {why}; fix compensation.verification.expect "
+                                 "and roll back again")
             return
         first = first or mismatch
         result["verification"] = {"tool": v.manifest.tool, "attempts": attempt,
                                   "matched": mismatch is None}
         if mismatch is None:
+            seen = "confirmed it gone" if v.absent is not None else "read it back as expected"
             result.update(ok=True, outcome="undone", entry_state="undone",
-                          reason=f"{m.tool} answered {answer.status}; {v.manifest.tool} read it "
-                                 f"back as expected (attempt {attempt} of {v.retries})")
+                          reason=f"{said}; {v.manifest.tool} {seen} (attempt {attempt} of "
+                                 f"{v.retries})")
             return
         if attempt < v.retries:
             await sleep(v.backoff_ms * 2 ** (attempt - 1) / 1000)
     result.update(outcome="undo_failed", entry_state="undo_failed", first_mismatch=first,
-                  reason=f"{m.tool} answered {answer.status}, but the read-back "
-                         f"{v.manifest.tool} did not match in {v.retries} attempts: {first}")
+                  reason=f"{said}, but the read-back {v.manifest.tool} did not "
+                         f"{'confirm it gone' if v.absent is not None else 'match'} in "
+                         f"{v.retries} attempts: {first}")
+
+
+def _read_back_mismatch(v: ReadBackInput, read: Answer) -> str | None:
+    """None when the read-back's answer is what the verification expects, else why not:
+    with ``absent``, a listed status or an empty/declared not-found answer proves the
+    thing gone; otherwise a 2xx answer's fields must match ``expect``."""
+    if v.absent is not None and read.kind in ("ok", "error_status"):
+        return absence_problem(v.absent, read.status, read.data)
+    if read.kind == "ok":
+        return first_mismatch(v.expect, read.data)
+    return f"the read-back {v.manifest.tool} failed: {_failure(read)}"
 
 
 async def _still_as_left(spec: StepInput, upstream: Upstream, secrets: Secrets,
