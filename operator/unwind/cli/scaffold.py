@@ -108,7 +108,7 @@ REVERSIBLE = _HEAD + """  description: Create one record.  # TODO: one sentence 
     verification:
       tool: {read}
       arguments: {{id: $result.id}}
-      expect: {{found: false}}  # TODO: what the read-back answers once undone
+      absent: true  # TODO: it is gone once undone: a 404 or 410, or [] (or expect: {{path: value}})
 """ + _UNDO_AND_READ
 
 IRREVERSIBLE = _HEAD + """  description: Send one message.  # TODO: one sentence on what cannot be taken back
@@ -167,7 +167,7 @@ tests:
     expect_plan: compensate
     expect_handle: {{id: r-1}}
     expect_verification: {{id: r-1}}
-    verify_with: {{found: false}}
+    verify_status: 404
   - name: the same {tool} call twice is refused as a duplicate
     tool: {tool}
     args: {{request_id: q-1}}
