@@ -422,3 +422,29 @@ def test_a_key_given_twice_in_a_case_is_an_error(tmp_path: Path) -> None:
     (tmp_path / "t.yaml").write_text("- name: a\n  tool: stripe.refund\n  name: b\n")
     _, errors = load_cases([tmp_path])
     assert [(e.line, e.path) for e in errors] == [(3, "[0].name")]
+
+
+def test_a_case_gives_the_captured_state_that_before_reads() -> None:
+    specs = [
+        {"tool": "crm.get_customer", "effect": "read_only", "permission": "crm:read"},
+        {"tool": "crm.restore_customer", "effect": "idempotent", "permission": "crm:write"},
+        {"tool": "crm.update_customer", "effect": "reversible", "permission": "crm:write",
+         "capture": {"tool": "crm.get_customer", "arguments": {"id": "$args.id"}},
+         "compensation": {
+             "tool": "crm.restore_customer", "kind": "inverse",
+             "argument_map": {"id": "$args.id", "email": "$before.email"},
+             "verification": {"tool": "crm.get_customer", "arguments": {"id": "$args.id"},
+                              "expect": {"email": "$before.email"}}}}]
+    by_name = {m.tool: m for m in (ToolManifest.model_validate(s) for s in specs)}
+    case = {"name": "update", "tool": "crm.update_customer",
+            "args": {"id": "c1", "email": "new@example.com"},
+            "result": {"id": "c1", "email": "new@example.com"},
+            "before": {"id": "c1", "email": "old@example.com"},
+            "expect_plan": "compensate",
+            "expect_handle": {"id": "c1", "email": "old@example.com"},
+            "verify_with": {"id": "c1", "email": "old@example.com"}}
+    result = run_case(TestCase.model_validate(case), by_name)
+    assert result.ok, result.message
+    without = run_case(TestCase.model_validate({**case, "before": None}), by_name)
+    assert not without.ok
+    assert "nothing was captured before the call" in (without.message or "")

@@ -17,14 +17,14 @@ from ..manifest.refs import parse_ref, resolve_map
 Plan = Literal["compensate", "skip", "unrecoverable"]
 
 
-def plan_call(m: ToolManifest, args: Any, result: Any,
-              key: str | None = None) -> tuple[Plan, dict[str, Any] | None, str | None]:
+def plan_call(m: ToolManifest, args: Any, result: Any, key: str | None = None, *,
+              before: Any = None) -> tuple[Plan, dict[str, Any] | None, str | None]:
     """(plan, undo arguments for a compensate plan, why there is nothing to undo)."""
     if m.effect in (Effect.read_only, Effect.idempotent):
         return "skip", None, f"{m.tool} is {m.effect}: a rollback skips it"
     if m.effect == Effect.irreversible or m.compensation is None:
         return "unrecoverable", None, f"{m.tool} is {m.effect}: nothing can undo it"
-    handle, missing = resolve_map(m.compensation.argument_map, args, result, key)
+    handle, missing = resolve_map(m.compensation.argument_map, args, result, key, before)
     if missing:
         return "unrecoverable", None, "the undo is unavailable: " + "; ".join(missing)
     return "compensate", handle, None

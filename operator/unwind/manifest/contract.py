@@ -66,6 +66,7 @@ class TestCase(BaseModel):
     tool: str
     args: dict[str, Any] = Field(default_factory=dict)
     result: Any = None
+    before: Any = None  # what the manifest's capture reads before the call ($before)
     fail: str | None = None
     after: list[str] | None = None
     expect_plan: Plan | None = None
@@ -314,7 +315,7 @@ def _check(case: TestCase, by_name: Mapping[str, ToolManifest]) -> list[tuple[st
         run.succeeded.add(m.tool)
         if key is not None:
             run.standing.add((m.tool, key))
-        plan, handle, why = plan_call(m, case.args, result, key)
+        plan, handle, why = plan_call(m, case.args, result, key, before=case.before)
     else:
         plan, handle, why = "skip", None, f"the call failed ({case.fail}): nothing to undo"
     return list(_expectations(case, m, run, plan, handle, why, result, key))
@@ -342,7 +343,7 @@ def _expectations(case: TestCase, m: ToolManifest, run: _Run, plan: Plan,
         elif v is None:
             yield field, f"{m.tool} declares no compensation.verification: there is no read-back to check"
     if v is not None and case.expect_verification is not None:
-        got, missing = resolve_map(v.arguments, case.args, result, key)
+        got, missing = resolve_map(v.arguments, case.args, result, key, case.before)
         if missing:
             yield "expect_verification", "the verification arguments are unavailable: " + "; ".join(missing)
         elif not same(got, case.expect_verification):
@@ -356,7 +357,7 @@ def _expectations(case: TestCase, m: ToolManifest, run: _Run, plan: Plan,
         elif not 200 <= status < 300:
             mismatch = f"the read-back answered {status}, not a 2xx answer to compare"
         else:
-            expect, unknown = resolve_expected(v.expect, case.args, result, key)
+            expect, unknown = resolve_expected(v.expect, case.args, result, key, case.before)
             mismatch = ("the expected values are unavailable: " + "; ".join(unknown) if unknown
                         else first_mismatch(expect, case.verify_with))
         if case.expect_verified is not False and mismatch is not None:
