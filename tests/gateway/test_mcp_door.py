@@ -21,7 +21,11 @@ from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
 from unwind.gateway.catalogue import LocalCatalogue
-from unwind.gateway.mcp_server import REPORT_PREFIX
+from unwind.gateway.mcp_server import (
+    REPORT_PREFIX,
+    report_in_content_default,
+    wants_report_in_content,
+)
 from unwind.manifest.input_schema import (
     UPSTREAM_DIALECTS,
     SchemaUnusable,
@@ -193,8 +197,7 @@ async def test_the_effect_report_reaches_a_client_that_drops_meta_when_it_asks(
 
 async def test_a_gateway_started_with_the_report_in_content_adds_it_to_every_answer(
         manifests: Path, tmp_path: Path, upstream: UpstreamProc) -> None:
-    gw = start_gateway(manifests, tmp_path / "ledger", tmp_path,
-                       env_extra={"UNWIND_REPORT_IN_CONTENT": "1"})
+    gw = start_gateway(manifests, tmp_path / "ledger", tmp_path, "--report-in-content")
     try:
         async with mcp_client(gw, "run-content") as client:
             result = await client.call_tool("github__create_comment", COMMENT)
@@ -208,6 +211,17 @@ async def test_a_gateway_started_with_the_report_in_content_adds_it_to_every_ans
     assert result.content[-1].text.startswith(REPORT_PREFIX)  # type: ignore[union-attr]
     assert declined.content[-1].text.startswith(REPORT_PREFIX)  # type: ignore[union-attr]
     assert len(meta_only.content) == 1
+
+
+def test_the_environment_turns_the_report_in_content_on_for_every_request(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("UNWIND_REPORT_IN_CONTENT", "1")
+    assert report_in_content_default() is True
+    assert wants_report_in_content({}, True) is True
+    assert wants_report_in_content({"x-unwind-report": "meta"}, True) is False
+    monkeypatch.delenv("UNWIND_REPORT_IN_CONTENT")
+    assert report_in_content_default() is False
+    assert wants_report_in_content({"x-unwind-report": "content"}, False) is True
 
 
 # ---- an MCP upstream's blocks, output schema and annotations ----

@@ -93,7 +93,8 @@ def cmd_gateway(args: argparse.Namespace) -> int:
     if stop is None and os.environ.get(QUIT_ENV) == "1":
         logging.getLogger("unwind.gateway").warning(
             "%s is ignored in local mode: only a gateway in a pod has POST /quitquitquit", QUIT_ENV)
-    app = build_app(gateway, default_run=run, host=host, closers=parts.closers, stop=stop)
+    app = build_app(gateway, default_run=run, host=host, closers=parts.closers, stop=stop,
+                    report_in_content=True if args.report_in_content else None)
     config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,
                             lifespan="on", timeout_graceful_shutdown=5)
     servers.append(uvicorn.Server(config))
@@ -328,6 +329,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    "UNWIND_ACTOR, else the token's ServiceAccount in a pod, local:<user> locally)")
     p.add_argument("--run", metavar="NAME", help="the run when a request sends no X-Unwind-Run "
                    "(default UNWIND_RUN)")
+    p.add_argument("--report-in-content", action="store_true", help="MCP answers carry the "
+                   "effect report as a last text block too, for clients that drop _meta (default "
+                   "UNWIND_REPORT_IN_CONTENT; a request's X-Unwind-Report: content|meta decides "
+                   "for itself)")
     p.add_argument("--secrets-dir", metavar="DIR", help="secrets as DIR/<name>/<key> files "
                    "(default UNWIND_SECRETS_DIR; the environment's UNWIND_SECRET_<NAME>_<KEY> is "
                    "read too)")

@@ -27,11 +27,14 @@ log = logging.getLogger("unwind.gateway")
 
 def build_app(gateway: Gateway, *, default_run: str | None = None, host: str = "127.0.0.1",
               closers: Sequence[Callable[[], Awaitable[None]]] = (),
-              stop: Callable[[], None] | None = None, policy: Policy | None = None) -> Starlette:
-    """The gateway's app; ``stop`` (the server's exit) adds ``POST /quitquitquit``. ``policy``
+              stop: Callable[[], None] | None = None, policy: Policy | None = None,
+              report_in_content: bool | None = None) -> Starlette:
+    """The gateway's app; ``stop`` (the server's exit) adds ``POST /quitquitquit``.
+    ``report_in_content`` (default ``UNWIND_REPORT_IN_CONTENT``): MCP answers carry the
+    effect report as a last text block too. ``policy``
     (default: loopback, ``host`` and ``UNWIND_ALLOWED_HOSTS``) decides which Host and Origin
     every route answers."""
-    server = build_server(gateway, default_run)
+    server = build_server(gateway, default_run, report_in_content)
     # The SDK's own Host/Origin check is off: Trust applies the one policy to every route.
     security = TransportSecuritySettings(enable_dns_rebinding_protection=False)
     sessions = StreamableHTTPSessionManager(app=server, stateless=True, json_response=True,
