@@ -163,6 +163,10 @@ async def test_an_update_is_undone_to_the_value_it_overwrote(
     answer = await world.call("crm.update_customer", UPDATE, "u-1")
     assert answer.status == 200, answer.body
     assert api.requests == [("GET", "c1"), ("PATCH", "c1")]  # the capture ran first
+    # the report tells the agent how the call is undone: with the value it overwrote
+    assert answer.report is not None
+    assert answer.report["undo"] == {"kind": "inverse", "tool": "crm.restore_customer",
+                                     "arguments": {"id": "c1", "email": "old@example.com"}}
 
     # written ahead: the pending entry already holds the captured value, and only the
     # paths the undo names (not the phone, not the plan)
@@ -217,6 +221,17 @@ async def test_a_state_already_restored_counts_as_undone_without_a_second_write(
     result = await world.undo(step)
     assert (result["ok"], result["outcome"]) == (True, "undone"), result
     assert api.patches() == patches
+
+
+async def test_a_dry_run_captures_nothing_and_reports_the_undo_it_can_know(
+        world: World, crm: tuple[Crm, str]) -> None:
+    api, _ = crm
+    answer = await world.gateway.call(CallRequest("crm.update_customer", UPDATE, "run-1", "d-1",
+                                                  dry_run=True))
+    assert answer.status == 200
+    assert answer.body["would_run"] is True
+    assert answer.body["report"]["undo"]["arguments"] == {"id": "c1"}
+    assert api.requests == []
 
 
 @pytest.mark.parametrize("status", [404, 500])

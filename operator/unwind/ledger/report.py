@@ -39,10 +39,11 @@ def undo_of(m: ToolManifest, handle: Handle | None, outcome: Outcome,
         return None, "the undo is unavailable: " + "; ".join(masked)
     h = handle or Handle()
     if outcome == "planned":  # a dry run: the answer's values are not known yet
-        known = {k: v for k, v in c.argument_map.items() if parse_ref(v).root != "result"}
+        known = {k: v for k, v in c.argument_map.items()
+                 if parse_ref(v).root not in ("result", "before")}  # nor the capture's
         args, _ = resolve_map(known, h.args, h.result, key)
     else:
-        args, missing = resolve_map(c.argument_map, h.args, h.result, key)
+        args, missing = resolve_map(c.argument_map, h.args, h.result, key, h.before)
         if missing:
             return None, "the undo is unavailable: " + "; ".join(missing)
     kind = "inverse" if c.kind == "inverse" else "compensate"
