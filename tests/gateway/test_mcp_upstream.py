@@ -24,6 +24,7 @@ import httpx2
 import pytest
 
 from unwind.gateway.mcp_upstream import HttpServer, McpClients, McpFailure, StdioServer
+from unwind.gateway.secrets import LocalSecrets
 from unwind.gateway.upstream import Upstream, prepare
 from unwind.manifest.validate import validate_manifest
 from unwind.operator.admission import Refused, Request, validate_toolmanifest
@@ -269,6 +270,25 @@ async def test_an_answer_lost_after_sending_is_uncertain_and_a_down_server_is_no
         assert down.value.kind == "not_sent"
     finally:
         await clients.aclose()
+
+
+@pytest.mark.parametrize("http_server", [False], indirect=True, ids=["stateless"])
+async def test_a_calls_answer_past_its_cap_is_not_read_and_the_call_is_uncertain(
+        http_server: tuple[str, Any]) -> None:
+    url, _ = http_server
+    upstream = Upstream()
+    m, issues = validate_manifest({
+        "tool": "notes.echo", "effect": "idempotent", "permission": "p",
+        "upstream": {"mcp": {"url": url, "tool": "echo"}, "max_response_bytes": 1024}})
+    assert m is not None and not issues
+    try:
+        small = await upstream.send(prepare(m, {"text": "x"}, LocalSecrets(), {}))
+        assert small.kind == "ok" and small.data == {"echo": "x"}
+        big = await upstream.send(prepare(m, {"text": "x" * 5000}, LocalSecrets(), {}))
+    finally:
+        await upstream.aclose()
+    assert big.kind == "too_large" and big.may_have_acted and big.data is None, big.text
+    assert "more than 1024 bytes" in big.text
 
 
 @pytest.mark.parametrize("http_server", [False], indirect=True, ids=["stateless"])

@@ -55,6 +55,7 @@ STDERR_TAIL = 20      # lines of a stdio server's stderr kept for error messages
 # the JSON-RPC errors that say the server did not run the call
 _REFUSED_CODES = {-32601: "method not found", -32602: "invalid params"}
 
+DEFAULT_CAP = 4 * 1024 * 1024  # the manifest's default max_response_bytes
 FailureKind = Literal["not_sent", "timeout", "lost", "too_large", "refused"]
 
 
@@ -132,7 +133,8 @@ class _Transport(httpx2.AsyncBaseTransport):
             self.problem = (f"answered with Content-Encoding {encoding!r} though the gateway "
                             "asks MCP upstreams for identity; the answer was not read")
             raise _AnswerRefused(self.problem)
-        response.stream = _CappedStream(response.stream, self)
+        cap = self.cap if _is_tool_call(request) else max(self.cap, DEFAULT_CAP)
+        response.stream = _CappedStream(response.stream, self, cap)
         return response
 
     async def aclose(self) -> None:
@@ -143,16 +145,26 @@ class _AnswerRefused(httpx2.StreamError):
     """An answer past the cap, or compressed (the SDK turns a StreamError into a failed call)."""
 
 
+def _is_tool_call(request: httpx2.Request) -> bool:
+    """The request is the tools/call itself (its answer is capped at the manifest's
+    max_response_bytes; what the SDK asks around it, a handshake or a tools/list, at least
+    at the default)."""
+    try:
+        return b'"tools/call"' in request.content
+    except httpx2.RequestNotRead:
+        return True
+
+
 class _CappedStream(httpx2.AsyncByteStream):
-    def __init__(self, stream: Any, owner: _Transport) -> None:
-        self.stream, self.owner = stream, owner
+    def __init__(self, stream: Any, owner: _Transport, cap: int) -> None:
+        self.stream, self.owner, self.cap = stream, owner, cap
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         size = 0
         async for chunk in self.stream:
             size += len(chunk)
-            if size > self.owner.cap:
-                self.owner.problem = (f"answered with more than {self.owner.cap} bytes, so the "
+            if size > self.cap:
+                self.owner.problem = (f"answered with more than {self.cap} bytes, so the "
                                       "answer was not read; if it is meant to be this large, "
                                       "raise upstream.max_response_bytes")
                 raise _AnswerRefused(self.owner.problem)
@@ -284,7 +296,13 @@ class _Pool:
                 self.owner.retire(session)
             session = _Session(self._open, self.server.url, self.owner.start_timeout_s)
             self.owner.sessions.add(session)
-            await session.opened(seconds)
+            try:
+                await session.opened(seconds)
+            except McpFailure:
+                if session.transport is not None and session.transport.problem:
+                    raise McpFailure("not_sent", f"{session.transport.problem} (its answer to the "
+                                     "MCP handshake: the call was not sent)") from None
+                raise
             return session
         except BaseException:
             self.slots.release()
@@ -421,7 +439,7 @@ class McpClients:
 
     def __init__(self, *, commands: bool = False, pooled: bool = True, mode: str = "auto",
                  start_timeout_s: float = START_TIMEOUT_S,
-                 default_cap: int = 4 * 1024 * 1024) -> None:
+                 default_cap: int = DEFAULT_CAP) -> None:
         self.commands, self.pooled, self.mode = commands, pooled, mode
         self.start_timeout_s, self.default_cap = start_timeout_s, default_cap
         self.pools: dict[HttpServer, _Pool] = {}
