@@ -424,3 +424,48 @@ def test_server_memory_from_npm_runs_as_a_stdio_upstream_and_keeps_what_unwind_c
     # the server wrote what Unwind sent, read straight from its store
     names = {json.loads(line).get("name") for line in store.read_text().splitlines() if line}
     assert {"unwind", "gateway"} <= names
+
+
+def test_entities_created_through_unwind_on_server_memory_are_gone_after_unwind_rollback(
+        server_memory: Path, tmp_path: Path) -> None:
+    import contextlib
+    import io
+
+    from unwind.cli.main import main
+
+    store = tmp_path / "memory.jsonl"
+    server = f'command: ["{server_memory}"], env: {{ MEMORY_FILE_PATH: "{store}" }}'
+    path = tmp_path / "memory.yaml"
+    path.write_text(f"""- tool: memory.create_entities
+  effect: reversible
+  permission: memory:write
+  upstream:
+    mcp: {{ {server}, tool: create_entities }}
+  compensation:
+    tool: memory.delete_entities
+    kind: inverse
+    argument_map:
+      entityNames: "$args.entities[*].name"
+- tool: memory.delete_entities
+  effect: idempotent
+  permission: memory:write
+  upstream:
+    mcp: {{ {server}, tool: delete_entities }}
+""")
+    gw = start_gateway(path, tmp_path / "ledger", tmp_path, scopes="memory:write")
+    try:
+        entities = [{"name": "unwind", "entityType": "project", "observations": []},
+                    {"name": "gateway", "entityType": "component", "observations": []}]
+        r = gw.call("memory.create_entities", {"entities": entities}, run="run-mem")
+        assert r.status_code == 200, r.text
+    finally:
+        stop(gw.proc)
+    names = {json.loads(line).get("name") for line in store.read_text().splitlines() if line}
+    assert {"unwind", "gateway"} <= names
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(["rollback", "--ledger", str(tmp_path / "ledger" / "run-mem.json"), "-m",
+                     str(path), "--yes"])
+    assert code == 0, out.getvalue() + err.getvalue()
+    names = {json.loads(line).get("name") for line in store.read_text().splitlines() if line}
+    assert not names & {"unwind", "gateway"}, store.read_text()  # read straight from its store
