@@ -292,3 +292,26 @@ async def test_a_redacted_captured_value_is_masked_in_the_entry(
         assert "$before.phone" in step.reason
     finally:
         await w.upstream.aclose()
+
+
+async def test_a_lost_answer_found_by_the_lookup_keeps_the_captured_state(
+        world: World, crm: tuple[Crm, str]) -> None:
+    """The pending entry holds the capture; the lookup completes the handle from what it
+    finds and keeps ``before``, so the found entry is undone to the old value."""
+    api, _ = crm
+    api.customers["c1"]["email"] = "new@example.com"  # the call acted; its answer was lost
+    served = {s.manifest.tool: s.manifest for s in world.catalogue.tools()}
+    spec = {"version": 1, "ledger": "run-1",
+            "step": {"entry": "u-1", "tool": "crm.update_customer", "action": "lookup",
+                     "undo_tool": "crm.get_customer", "arguments": {"id": "c1"}, "residue": [],
+                     "requires_approval": False, "reason": "its answer was lost"},
+            "idempotency_key": None,
+            "manifest": served["crm.get_customer"].canonical_dict(),
+            "verification": None, "timeout_ms": None,
+            "effect": {"manifest": served["crm.update_customer"].canonical_dict(),
+                       "handle": {"args": {"id": "c1"}, "result": {},
+                                  "before": {"email": "old@example.com"}}}}
+    result = await run_step(parse_step(spec), world.upstream, LocalSecrets(environ={}))
+    assert result["outcome"] == "found", result
+    assert result["handle"] == {"args": {"id": "c1"}, "result": {"email": "new@example.com"},
+                                "before": {"email": "old@example.com"}}
