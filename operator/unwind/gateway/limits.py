@@ -19,9 +19,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from ..ledger.handle import nesting_problem
 from .errors import Refusal
 
 MAX_DEPTH = 64
+__all__ = ["MAX_BODY", "MAX_DEPTH", "OverLimit", "check_arguments", "nesting_problem"]
 MAX_BODY = 64 * 1024
 MAX_ARGUMENT_BYTES = MAX_BODY
 
@@ -38,28 +40,10 @@ def too_deep() -> OverLimit:
                      "arrays (the gateway's bound): send flatter arguments")
 
 
-def nesting_problem(value: Any, limit: int = MAX_DEPTH) -> str | None:
-    """Why ``value`` nests too deep (objects and arrays, the value itself at level 1), or
-    None."""
-    stack: list[tuple[Any, int]] = [(value, 1)]
-    while stack:
-        item, depth = stack.pop()
-        if isinstance(item, dict):
-            children: Any = item.values()
-        elif isinstance(item, list | tuple):
-            children = item
-        else:
-            continue
-        if depth > limit:
-            return f"nested deeper than {limit} levels of objects and arrays"
-        stack.extend((child, depth + 1) for child in children)
-    return None
-
-
 def check_arguments(arguments: Any) -> None:
     """Refuse arguments nested deeper than ``MAX_DEPTH`` or larger than
     ``MAX_ARGUMENT_BYTES`` as compact JSON (``OverLimit``, naming the bound)."""
-    if nesting_problem(arguments) is not None:
+    if nesting_problem(arguments, MAX_DEPTH) is not None:
         raise too_deep()
     try:
         size = len(json.dumps(arguments, ensure_ascii=False, separators=(",", ":"),

@@ -252,7 +252,7 @@ class Upstream:
             data = json.loads(raw) if raw.strip() else None
         except (ValueError, RecursionError):
             data = _NOT_JSON
-        if data is not _NOT_JSON and nesting_problem(data) is not None:
+        if data is not _NOT_JSON and nesting_problem(data, MAX_DEPTH) is not None:
             message = (f"{p.where} answered {status} with JSON nested deeper than {MAX_DEPTH} "
                        "levels, which the gateway does not keep or pass on")
             if 200 <= status < 300:

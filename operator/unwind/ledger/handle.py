@@ -52,8 +52,10 @@ class HandleError(ValueError):
         self.reason = reason
 
 
-def _depth_problem(value: Any) -> str | None:
-    """Why ``value`` nests too deep, or None (iterative: it cannot run out of stack)."""
+def nesting_problem(value: Any, limit: int = KEPT_MAX_DEPTH) -> str | None:
+    """Why ``value`` nests deeper than ``limit`` levels of objects and arrays (the value
+    itself at level 1), or None; iterative, so it cannot run out of stack. The gateway's
+    doors and its upstream client use it too."""
     stack: list[tuple[Any, int]] = [(value, 1)]
     while stack:
         item, depth = stack.pop()
@@ -63,15 +65,15 @@ def _depth_problem(value: Any) -> str | None:
             children = item
         else:
             continue
-        if depth > KEPT_MAX_DEPTH:
-            return f"nested deeper than {KEPT_MAX_DEPTH} levels of objects and arrays"
+        if depth > limit:
+            return f"nested deeper than {limit} levels of objects and arrays"
         stack.extend((child, depth + 1) for child in children)
     return None
 
 
 def _checked(where: str, ref_text: str, value: Any) -> Any:
     """``value`` when the ledger can keep it, else HandleError naming the reference."""
-    problem = _depth_problem(value)
+    problem = nesting_problem(value)
     if problem is None:
         try:
             json.dumps(value, allow_nan=False)
