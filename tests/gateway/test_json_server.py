@@ -198,6 +198,15 @@ def test_the_worked_example_validates_and_lints_without_errors(tmp_path: Path) -
         assert done.returncode == 0, done.stdout + done.stderr
 
 
+def test_the_docs_show_exactly_the_manifests_this_test_runs() -> None:
+    text = (ROOT / "docs" / "manifests.md").read_text()
+    heading = "### A worked example: a REST API (json-server)\n"
+    assert text.count(heading) == 1, "one worked-example section in docs/manifests.md"
+    section = text.split(heading, 1)[1].split("\n#", 1)[0]
+    blocks = re.findall(r"^```yaml\n(.*?)^```", section, re.M | re.S)
+    assert blocks == [MANIFESTS], "docs/manifests.md's worked example differs from MANIFESTS"
+
+
 def test_a_json_server_record_updated_through_unwind_has_its_old_email_back_after_rollback(
         stack: Stack) -> None:
     r = stack.gateway.call("customers.update_email", {"id": 1, "email": "ada@evil.example"},
