@@ -22,6 +22,8 @@ import re
 import shutil
 import subprocess
 import sys
+import time
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -152,10 +154,22 @@ class Stack:
         return httpx2.get(f"{self.url}/customers/{cid}", timeout=5)
 
     def requests(self) -> list[str]:
-        """The requests json-server logged (``PATCH /customers/1 200 ...``)."""
+        """The requests json-server logged (``PATCH /customers/1 200 ...``), in order.
+
+        json-server logs a request just after answering it, so the last line may not be
+        written yet when its client moves on: a marker request is sent and waited for,
+        and every request answered before it is then in the log."""
+        mark = f"/_unwind_mark/{uuid.uuid4().hex}"
+        httpx2.get(f"{self.url}{mark}", timeout=5)
         methods = ("GET ", "POST ", "PATCH ", "PUT ", "DELETE ")
-        lines = (COLOUR.sub("", line).strip() for line in self.log.read_text().splitlines())
-        return [line for line in lines if line.startswith(methods)]
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            lines = [COLOUR.sub("", line).strip() for line in self.log.read_text().splitlines()]
+            if any(mark in line for line in lines):
+                return [line for line in lines
+                        if line.startswith(methods) and "/_unwind_mark/" not in line]
+            time.sleep(0.05)
+        raise AssertionError(f"json-server did not log {mark}: {self.log.read_text()[-2000:]}")
 
     def rollback(self, run: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
@@ -175,7 +189,7 @@ def stack(json_server: Path, tmp_path: Path) -> Iterator[Stack]:
                                  str(db)], cwd=tmp_path, stdout=out, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
-        wait_for(f"{url}/customers", proc, log)
+        wait_for(f"{url}/customers", proc, log, seconds=60)
         manifests = tmp_path / "manifests"
         manifests.mkdir()
         (manifests / "customers.yaml").write_text(MANIFESTS.replace(BASE, url))
