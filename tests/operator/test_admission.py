@@ -36,8 +36,17 @@ TRUST = TrustStore([KEY.public_key()])
 ALICE = Identity("alice", ("dev", "system:authenticated"))
 BOB = Identity("bob", ("reviewers", "system:authenticated"))
 READ = {"tool": "shop.get_order", "effect": "read_only", "permission": "shop:read"}
-NOW = dt.datetime.now(dt.UTC).replace(microsecond=0)
-CREATED = NOW.strftime("%Y-%m-%dT%H:%M:%SZ")  # as the API server writes creationTimestamp
+
+
+def now() -> dt.datetime:
+    """Read at each use: a creation stamp verifies only within minutes of the object's
+    creationTimestamp, and a whole suite's collection can come 20 minutes before a test."""
+    return dt.datetime.now(dt.UTC).replace(microsecond=0)
+
+
+def created(at: dt.datetime | None = None) -> str:
+    """A creationTimestamp as the API server writes it."""
+    return (at or now()).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def signer(message: bytes) -> Any:
@@ -46,7 +55,7 @@ def signer(message: bytes) -> Any:
 
 def tm(spec: Any, annotations: dict[str, str] | None = None, **meta: Any) -> dict[str, Any]:
     return {"apiVersion": "unwind.dev/v1alpha1", "kind": "ToolManifest",
-            "metadata": {"name": "get-order", "namespace": "shop", "uid": "u-1", "creationTimestamp": CREATED,
+            "metadata": {"name": "get-order", "namespace": "shop", "uid": "u-1", "creationTimestamp": created(),
                          **({"annotations": annotations} if annotations else {}), **meta},
             "spec": spec}
 
@@ -57,7 +66,7 @@ def stored_tm(spec: Any, by: Identity = ALICE) -> dict[str, Any]:
 
 def approval(spec: Any, annotations: dict[str, str] | None = None) -> dict[str, Any]:
     return {"apiVersion": "unwind.dev/v1alpha1", "kind": "Approval",
-            "metadata": {"name": "ok", "namespace": "shop", "uid": "a-1", "creationTimestamp": CREATED,
+            "metadata": {"name": "ok", "namespace": "shop", "uid": "a-1", "creationTimestamp": created(),
                          **({"annotations": annotations} if annotations else {})},
             "spec": spec}
 
@@ -183,7 +192,7 @@ def test_a_forged_approver_is_refused() -> None:
 def test_an_approval_not_stamped_by_the_mutating_webhook_is_refused_at_validation() -> None:
     with pytest.raises(Refused, match="not stamped by the Unwind mutating webhook"):
         validate_approval(req("CREATE", approval(approve_spec(READ)), who=BOB), TRUST)
-    other = stamp_annotations("Approval", "shop", approve_spec(READ), ALICE, signer, Bound("ok", "", int(NOW.timestamp())))
+    other = stamp_annotations("Approval", "shop", approve_spec(READ), ALICE, signer, Bound("ok", "", int(now().timestamp())))
     with pytest.raises(Refused):
         validate_approval(req("CREATE", approval(approve_spec(READ), other), who=BOB), TRUST)
 
@@ -217,7 +226,7 @@ def test_a_malformed_approval_names_the_field(spec: dict[str, Any], message: str
 
 
 def test_an_approval_cannot_be_changed_after_creation() -> None:
-    stamps = stamp_annotations("Approval", "shop", approve_spec(READ), BOB, signer, Bound("ok", "", int(NOW.timestamp())))
+    stamps = stamp_annotations("Approval", "shop", approve_spec(READ), BOB, signer, Bound("ok", "", int(now().timestamp())))
     old = approval(approve_spec(READ), stamps)
     flipped = approval(approve_spec(READ, "deny"), stamps)
     with pytest.raises(Refused, match="an Approval is a record and cannot be changed"):
@@ -518,7 +527,7 @@ def test_a_stamp_made_at_creation_verifies_only_on_the_object_of_that_name_creat
     assert notes["unwind.dev/applied-by-stamp"].startswith("created@")
     meta = tm(READ)["metadata"]
     assert stamped_identity("ToolManifest", "shop", READ, notes, TRUST, meta) == (ALICE, "")
-    later = {**meta, "creationTimestamp": (NOW + dt.timedelta(hours=1)).strftime("%Y-%m-%dT%H:%M:%SZ")}
+    later = {**meta, "creationTimestamp": created(now() + dt.timedelta(hours=1))}
     who, why = stamped_identity("ToolManifest", "shop", READ, notes, TRUST, later)
     assert who is None and "it was copied" in why
     assert stamped_identity("ToolManifest", "shop", READ, notes, TRUST, {**meta, "name": "other"})[0] is None
@@ -558,7 +567,7 @@ def test_an_approval_with_only_generate_name_is_named_by_the_webhook_so_its_stam
     name = next(o["value"] for o in ops if o["path"] == "/metadata/name")
     assert name.startswith("approve-get-order-") and len(name) == len("approve-get-order-") + 5
     notes = next(o["value"] for o in ops if o["path"] == "/metadata/annotations")
-    stored = {"name": name, "uid": "a-9", "creationTimestamp": CREATED}
+    stored = {"name": name, "uid": "a-9", "creationTimestamp": created()}
     assert stamped_identity("Approval", "shop", made["spec"], notes, TRUST, stored)[0] == Identity("bob", ("dev",))
 
 
