@@ -43,8 +43,11 @@ class Handle(_Model):
 
     args: dict[str, Any] = Field(default_factory=dict, description="Kept call arguments (paths as in the call).")
     result: Any = Field(default_factory=dict, description="Kept parts of the upstream's answer.")
-    before: Any = Field(None, description="Kept parts of the state the manifest's capture read before "
-                                          "the call ($before paths the undo names); null without a capture.")
+    # Left out when None: the API server drops a null in open data, so a status written with
+    # it would read back different from what was sent.
+    before: Any = Field(None, exclude_if=lambda v: v is None,
+                        description="Kept parts of the state the manifest's capture read before "
+                                    "the call ($before paths the undo names); absent without a capture.")
 
 
 class Staged(_Model):
