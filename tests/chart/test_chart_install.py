@@ -13,6 +13,7 @@ under CI=true they are built, and a failure to build fails the tests.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -195,6 +196,11 @@ def test_an_agent_bound_to_the_gateway_role_writes_its_ledgers_status_and_reads_
         "subjects": [{"kind": "ServiceAccount", "name": "agent", "namespace": "agents"}]})
     try:
         ledger = {"group": "unwind.dev", "namespace": "agents", "user": agent}
+        # The API server's RBAC authorizer learns of a new RoleBinding from its informer, a
+        # moment after the create returns: wait for the binding to count before judging it.
+        deadline = time.monotonic() + 10
+        while not may(api, "create", "effectledgers", **ledger) and time.monotonic() < deadline:
+            time.sleep(0.2)
         assert may(api, "create", "effectledgers", **ledger)
         assert may(api, "update", "effectledgers", subresource="status", name="run-1", **ledger)
         assert not may(api, "update", "effectledgers", name="run-1", **ledger)  # spec: the rollback request
