@@ -6,7 +6,7 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 bash scripts/install.sh
 echo "== ruff"
-.venv/bin/ruff check operator tests
+.venv/bin/ruff check operator tests benchmarks
 echo "== mypy"
 .venv/bin/mypy
 echo "== unwind validate / lint / test (the pre-merge check on the examples)"

@@ -21,6 +21,14 @@ import yaml
 from cluster_helpers import GROUP, ROOT, VERSION, apply, trust, wait_for
 from kubernetes import client
 
+from benchmarks.rollback_world import (
+    Upstream,
+    create_ledger,
+    effect,
+    job_kubelet,
+    make_entry,
+    tool_resources,
+)
 from unwind.bundle import load_bundle
 from unwind.cli.main import main
 from unwind.controlplane import ControlPlane
@@ -30,14 +38,6 @@ from unwind.ledger.approvals import ApprovalRules
 from unwind.ledger.clusterstore import compact_entry
 from unwind.ledger.decide import record
 from unwind.ledger.entry import Entry
-from unwind.operator.rollback_world import (
-    Upstream,
-    create_ledger,
-    effect,
-    job_kubelet,
-    make_entry,
-    tool_resources,
-)
 
 
 @pytest.fixture(scope="module")

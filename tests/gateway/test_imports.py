@@ -11,9 +11,9 @@ PROBE = """
 import sys
 from unwind.cli.main import build_parser
 build_parser("gateway")
-import unwind.gateway.app, unwind.gateway.bench, unwind.cli.gateway_cmds
+import unwind.gateway.app, unwind.cli.gateway_cmds
 import unwind.ledger.filestore, unwind.ledger.decide, unwind.ledger.memory
-import unwind.gateway.kube, unwind.gateway.bundle_catalogue, unwind.gateway.bench_cluster
+import unwind.gateway.kube, unwind.gateway.bundle_catalogue
 import unwind.ledger.clusterstore, unwind.bundle
 print(sorted(m for m in sys.modules if m.split(".")[0] in ("kubernetes", "kopf")))
 """

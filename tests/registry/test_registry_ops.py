@@ -108,7 +108,7 @@ def test_operations_on_an_unknown_tool_say_so_and_suggest_a_close_name(tmp_path:
 
 
 def test_the_benchmark_runs_and_prints_each_operation(capsys: pytest.CaptureFixture[str]) -> None:
-    from unwind.registry.bench import main
+    from benchmarks.registry import main
     assert main(["-n", "20"]) == 0
     out = capsys.readouterr().out
     assert "sha256 (baseline)" in out and "ed25519 verify" in out and "20 versions" in out

@@ -26,12 +26,12 @@ from typing import Any
 import yaml
 from kubernetes import client
 
-from ..controlplane.node import Node, undo_job_pod
-from ..ledger.entry import Entry, Staged, Times, stamp
-from ..ledger.handle import build_handle
-from ..manifest.model import ToolManifest
+from unwind.controlplane.node import Node, undo_job_pod
+from unwind.ledger.entry import Entry, Staged, Times, stamp
+from unwind.ledger.handle import build_handle
+from unwind.manifest.model import ToolManifest
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[1]
 # The upstream route each effectful tool of the examples calls (for ``effect``).
 ROUTES = {"stripe.create_charge": "/charges", "github.create_comment": "/comments",
           "github.create_issue": "/issues", "github.create_release": "/releases",

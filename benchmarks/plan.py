@@ -1,6 +1,6 @@
 """Benchmark: plan the rollback of a ledger of 10 000 entries (target: at most 1 s).
 
-    python -m unwind.ledger.bench_plan [--entries 10000] [--repeat 5]
+    python -m benchmarks.plan [--entries 10000] [--repeat 5]
 
 The ledger is synthetic but shaped like a real run: comments (an inverse with a deadline),
 charges (a compensation with a read-back), issues that require a comment (ordering),
@@ -20,10 +20,10 @@ from typing import Any
 
 from pydantic import TypeAdapter
 
-from ..manifest.canonical import checksum
-from ..manifest.model import ToolManifest
-from .entry import Entry, Handle, Staged, State, Times, stamp
-from .plan import Versions, make_plan
+from unwind.ledger.entry import Entry, Handle, Staged, State, Times, stamp
+from unwind.ledger.plan import Versions, make_plan
+from unwind.manifest.canonical import checksum
+from unwind.manifest.model import ToolManifest
 
 _MANIFESTS: list[dict[str, Any]] = [
     {"tool": "comment", "effect": "reversible",

@@ -1,6 +1,6 @@
 """Benchmark: a rollback of N steps as Jobs on the local control plane.
 
-    python -m unwind.operator.bench_rollback -n 100
+    python -m benchmarks.rollback -n 100
 
 Starts a control plane, installs the CRDs and the chart, runs the operator under the
 chart's ServiceAccount and the test upstream, applies the example tools, makes N effects
@@ -28,21 +28,8 @@ from typing import Any
 import yaml
 from kubernetes import client, config
 
-from ..bundle import BundleError, load_bundle
-from ..controlplane import ControlPlane
-from ..controlplane.cluster import free_ports
-from ..controlplane.dev import (
-    OPERATOR_NAMESPACE,
-    OperatorProcess,
-    install_chart,
-    install_crds,
-    kubectl,
-    local_values,
-    service_account_kubeconfig,
-)
-from ..registry.signing import TrustStore
-from .bench import peak_rss_mb, rss_mb
-from .rollback_world import (
+from benchmarks.operator_scale import peak_rss_mb, rss_mb
+from benchmarks.rollback_world import (
     ROOT,
     Upstream,
     create_ledger,
@@ -51,6 +38,19 @@ from .rollback_world import (
     make_entry,
     tool_resources,
 )
+from unwind.bundle import BundleError, load_bundle
+from unwind.controlplane import ControlPlane
+from unwind.controlplane.cluster import free_ports
+from unwind.controlplane.dev import (
+    OPERATOR_NAMESPACE,
+    OperatorProcess,
+    install_chart,
+    install_crds,
+    kubectl,
+    local_values,
+    service_account_kubeconfig,
+)
+from unwind.registry.signing import TrustStore
 
 NAMESPACE = "bench-rollback"
 LEDGER = "run-bench"

@@ -48,10 +48,10 @@ def _signed_bundle(manifest_yaml: str) -> tuple[dict[str, dict[str, str]], str]:
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-    from ..bundle import BundleEntry, build_bundle
-    from ..manifest.canonical import canonical_json, checksum_bytes
-    from ..manifest.validate import validate_manifest
-    from ..registry.signing import sign
+    from unwind.bundle import BundleEntry, build_bundle
+    from unwind.manifest.canonical import canonical_json, checksum_bytes
+    from unwind.manifest.validate import validate_manifest
+    from unwind.registry.signing import sign
 
     key = Ed25519PrivateKey.generate()
     entries = []
@@ -76,8 +76,8 @@ def _configmap(name: str, namespace: str, data: dict[str, str]) -> dict[str, obj
 def cluster_gateway(manifest_yaml: str, env: dict[str, str], free_port: int, *,
                     page_kib: int = 16) -> Iterator[ClusterGateway]:
     """A control plane with the bundle published, and `unwind gateway --cluster` on it."""
-    from ..controlplane import ControlPlane
-    from ..controlplane.dev import install_crds, kubectl
+    from unwind.controlplane import ControlPlane
+    from unwind.controlplane.dev import install_crds, kubectl
 
     with tempfile.TemporaryDirectory(prefix="unwind-bench-cp-") as tmp, \
             ControlPlane(Path(tmp) / "cp", die_with_parent=True) as cp:
@@ -129,7 +129,7 @@ def _wait_ready(port: int, proc: subprocess.Popen[bytes], seconds: float = 60) -
 
 def available() -> str | None:
     """Why the row cannot run here, or None."""
-    from ..controlplane.build import cached_binaries
+    from unwind.controlplane.build import cached_binaries
 
     if cached_binaries() is None:
         return ("no control-plane binaries in the cache (~/.cache/unwind): build them with "
@@ -145,13 +145,13 @@ def in_process_ms(gw: ClusterGateway, manifest: Path, calls: int = 200) -> float
     import asyncio
     import statistics
 
-    from ..ledger.clusterstore import ClusterStore, LeaseLocks
-    from ..ledger.ulid import new_ulid
-    from .catalogue import LocalCatalogue
-    from .enforce import CallRequest, Gateway, Settings
-    from .kube import InClusterConfig, KubeClient
-    from .secrets import LocalSecrets
-    from .upstream import Upstream
+    from unwind.gateway.catalogue import LocalCatalogue
+    from unwind.gateway.enforce import CallRequest, Gateway, Settings
+    from unwind.gateway.kube import InClusterConfig, KubeClient
+    from unwind.gateway.secrets import LocalSecrets
+    from unwind.gateway.upstream import Upstream
+    from unwind.ledger.clusterstore import ClusterStore, LeaseLocks
+    from unwind.ledger.ulid import new_ulid
 
     async def measure() -> float:
         kube = KubeClient(InClusterConfig.from_env(gw.variables))

@@ -1,6 +1,6 @@
 """Benchmark: 1000 ToolManifests applied at once on the local control plane.
 
-    python -m unwind.operator.bench -n 1000
+    python -m benchmarks.operator_scale -n 1000
 
 Starts a control plane, installs the CRDs and the chart, runs the operator under the
 chart's ServiceAccount, then `kubectl apply`s N manifests in one file and reports, side by
@@ -28,10 +28,10 @@ from typing import Any
 import yaml
 from kubernetes import client, config
 
-from ..bundle import BundleError, data_size, load_bundle
-from ..controlplane import ControlPlane
-from ..controlplane.cluster import free_ports
-from ..controlplane.dev import (
+from unwind.bundle import BundleError, data_size, load_bundle
+from unwind.controlplane import ControlPlane
+from unwind.controlplane.cluster import free_ports
+from unwind.controlplane.dev import (
     OPERATOR_NAMESPACE,
     OperatorProcess,
     install_chart,
@@ -40,9 +40,9 @@ from ..controlplane.dev import (
     local_values,
     service_account_kubeconfig,
 )
-from ..ledger.clusterstore import compact_entry
-from ..ledger.entry import Entry, Times
-from ..registry.signing import TrustStore
+from unwind.ledger.clusterstore import compact_entry
+from unwind.ledger.entry import Entry, Times
+from unwind.registry.signing import TrustStore
 
 NAMESPACE = "bench"
 

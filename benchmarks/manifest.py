@@ -1,6 +1,6 @@
 """Benchmark: `unwind validate` over N generated manifests, set level included.
 
-    python -m unwind.manifest.bench -n 1000
+    python -m benchmarks.manifest -n 1000
 
 Writes N manifests (a third compensable with a refund and a read-back, a third idempotent
 undo tools, a third reads) as YAML files in a temporary folder, then times, in the same
@@ -19,7 +19,7 @@ from typing import Any
 
 import yaml
 
-from .loader import check_paths, expand_paths
+from unwind.manifest.loader import check_paths, expand_paths
 
 _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 

@@ -1,6 +1,6 @@
 """Benchmark: the admission webhook under 100 concurrent AdmissionReviews.
 
-    python -m unwind.operator.bench_admission -c 100 --rate 500     # needs hey and wrk (Debian)
+    python -m benchmarks.admission -c 100 --rate 500     # needs hey and wrk (Debian)
 
 Starts a control plane with Unwind installed (chart, webhooks on loopback, the operator
 under the chart's ServiceAccount), then sends AdmissionReviews straight to the operator's
@@ -29,9 +29,10 @@ from typing import Any
 
 from kubernetes import client, config
 
-from ..controlplane import ControlPlane
-from ..controlplane.cluster import free_ports
-from ..controlplane.dev import (
+from benchmarks.operator_scale import peak_rss_mb
+from unwind.controlplane import ControlPlane
+from unwind.controlplane.cluster import free_ports
+from unwind.controlplane.dev import (
     OPERATOR_NAMESPACE,
     OperatorProcess,
     install_chart,
@@ -39,8 +40,7 @@ from ..controlplane.dev import (
     local_values,
     service_account_kubeconfig,
 )
-from .bench import peak_rss_mb
-from .webhook import NOOP_PATH, TLS_SECRET
+from unwind.operator.webhook import NOOP_PATH, TLS_SECRET
 
 SPEC = {"tool": "stripe.create_charge", "effect": "compensable", "permission": "payments:write",
         "description": "Charge a card.", "owner": ["payments"], "idempotency": {"key": "c-{{args.order_id}}"},

@@ -1,6 +1,6 @@
 """Benchmark: the latency the gateway adds, its peak throughput, and its memory.
 
-    python -m unwind.gateway.bench [--rate 500] [--seconds 10]
+    python -m benchmarks.gateway [--rate 500] [--seconds 10]
 
 One run starts a small upstream (aiohttp, answering JSON) and the gateway in local mode as
 processes, then drives, at a paced rate, first the upstream directly and then the same
@@ -145,13 +145,13 @@ def _paced(url: str, rate: int, seconds: float, workers: int) -> Load:
 def _in_process(up_port: int, manifest: Path, ledger: Path, calls: int = 500) -> list[tuple[str, float]]:
     """Median ms per call, one at a time in this process: the upstream call alone, and the
     whole enforcement path around it with each store (no HTTP server in front)."""
-    from ..ledger.filestore import FileLocks, FileStore
-    from ..ledger.memory import MemoryLocks, MemoryStore
-    from ..ledger.ulid import new_ulid
-    from .catalogue import LocalCatalogue
-    from .enforce import CallRequest, Gateway, Settings
-    from .secrets import LocalSecrets
-    from .upstream import Upstream, prepare
+    from unwind.gateway.catalogue import LocalCatalogue
+    from unwind.gateway.enforce import CallRequest, Gateway, Settings
+    from unwind.gateway.secrets import LocalSecrets
+    from unwind.gateway.upstream import Upstream, prepare
+    from unwind.ledger.filestore import FileLocks, FileStore
+    from unwind.ledger.memory import MemoryLocks, MemoryStore
+    from unwind.ledger.ulid import new_ulid
 
     logging.getLogger("unwind.gateway").setLevel(logging.ERROR)  # no line per call
 
@@ -194,8 +194,10 @@ def _import_rss_mb() -> float:
 
 
 def _env() -> dict[str, str]:
-    here = str(Path(__file__).resolve().parents[2])
-    return {**os.environ, "PYTHONPATH": here + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    root = Path(__file__).resolve().parents[1]
+    path = os.pathsep.join(p for p in (str(root / "operator"), str(root),
+                                       os.environ.get("PYTHONPATH", "")) if p)
+    return {**os.environ, "PYTHONPATH": path}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -219,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="unwind-bench-") as tmp:
         try:
             up_port = _free_port()
-            procs.append(subprocess.Popen([sys.executable, "-m", "unwind.gateway.bench",
+            procs.append(subprocess.Popen([sys.executable, "-m", "benchmarks.gateway",
                                            "--serve-upstream", str(up_port)], env=_env()))
             _wait(up_port, procs[-1])
             manifest = Path(tmp) / "bench.yaml"
@@ -277,7 +279,7 @@ def _cluster_row(args: argparse.Namespace, load: Callable[[str, int, float, int]
                  ) -> tuple[float, float, int, float] | None:
     """The gateway in cluster mode on a control plane of its own: the paced row, and the
     bytes sent to the API server and the ledger writes per call during it."""
-    from . import bench_cluster
+    from benchmarks import gateway_cluster as bench_cluster
 
     why = bench_cluster.available()
     if why is not None:

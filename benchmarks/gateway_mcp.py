@@ -1,7 +1,7 @@
 """Benchmark: calls through an MCP upstream with the session pool against a new session per
 call (what the gateway did before), in one run.
 
-    python -m unwind.gateway.bench_mcp [--calls 200] [--concurrency 1]
+    python -m benchmarks.gateway_mcp [--calls 200] [--concurrency 1]
 
 It starts a small MCP server (the SDK's MCPServer, one ``echo`` tool) over streamable HTTP
 twice, stateless and with sessions (``Mcp-Session-Id``), and calls it through the gateway's
@@ -66,10 +66,10 @@ def _start(script: Path, port: int, kind: str) -> subprocess.Popen[bytes]:
 
 async def _row(label: str, upstream_mcp: dict[str, Any], calls: int, concurrency: int,
                pooled: bool, mode: str, commands: bool = False) -> tuple[str, float, float, float]:
-    from ..manifest.model import ToolManifest
-    from .mcp_upstream import McpClients
-    from .secrets import LocalSecrets
-    from .upstream import Upstream, prepare
+    from unwind.gateway.mcp_upstream import McpClients
+    from unwind.gateway.secrets import LocalSecrets
+    from unwind.gateway.upstream import Upstream, prepare
+    from unwind.manifest.model import ToolManifest
 
     m = ToolManifest.model_validate({
         "tool": "bench.echo", "effect": "idempotent", "permission": "bench:write",

@@ -1,6 +1,6 @@
 """Benchmark: what signing and verifying registry versions costs.
 
-    python -m unwind.registry.bench [-n 1000]
+    python -m benchmarks.registry [-n 1000]
 
 Signs and verifies N version messages with Ed25519, and, as a baseline measured in the
 same run on the same machine, hashes the same messages with sha256 (the floor any
@@ -18,9 +18,9 @@ from collections.abc import Callable, Sequence
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from ..manifest.canonical import checksum
-from .records import VersionRecord, check_version
-from .signing import TrustStore, sign, signing_message, verify_signature
+from unwind.manifest.canonical import checksum
+from unwind.registry.records import VersionRecord, check_version
+from unwind.registry.signing import TrustStore, sign, signing_message, verify_signature
 
 
 def _time(label: str, fn: Callable[[], object]) -> tuple[str, float]:
@@ -62,7 +62,7 @@ def run(n: int) -> list[tuple[str, float]]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m unwind.registry.bench")
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.registry")
     parser.add_argument("-n", type=int, default=1000, help="versions to sign and verify")
     n = parser.parse_args(argv).n
     results = run(n)
