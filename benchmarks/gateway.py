@@ -147,11 +147,11 @@ def _in_process(up_port: int, manifest: Path, ledger: Path, calls: int = 500) ->
     whole enforcement path around it with each store (no HTTP server in front)."""
     from unwind.gateway.catalogue import LocalCatalogue
     from unwind.gateway.enforce import CallRequest, Gateway, Settings
-    from unwind.gateway.secrets import LocalSecrets
-    from unwind.gateway.upstream import Upstream, prepare
     from unwind.ledger.filestore import FileLocks, FileStore
     from unwind.ledger.memory import MemoryLocks, MemoryStore
     from unwind.ledger.ulid import new_ulid
+    from unwind.upstream.client import Upstream, prepare
+    from unwind.upstream.secrets import LocalSecrets
 
     logging.getLogger("unwind.gateway").setLevel(logging.ERROR)  # no line per call
 

@@ -148,10 +148,10 @@ def in_process_ms(gw: ClusterGateway, manifest: Path, calls: int = 200) -> float
     from unwind.gateway.catalogue import LocalCatalogue
     from unwind.gateway.enforce import CallRequest, Gateway, Settings
     from unwind.gateway.kube import InClusterConfig, KubeClient
-    from unwind.gateway.secrets import LocalSecrets
-    from unwind.gateway.upstream import Upstream
     from unwind.ledger.clusterstore import ClusterStore, LeaseLocks
     from unwind.ledger.ulid import new_ulid
+    from unwind.upstream.client import Upstream
+    from unwind.upstream.secrets import LocalSecrets
 
     async def measure() -> float:
         kube = KubeClient(InClusterConfig.from_env(gw.variables))

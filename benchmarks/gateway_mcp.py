@@ -66,10 +66,10 @@ def _start(script: Path, port: int, kind: str) -> subprocess.Popen[bytes]:
 
 async def _row(label: str, upstream_mcp: dict[str, Any], calls: int, concurrency: int,
                pooled: bool, mode: str, commands: bool = False) -> tuple[str, float, float, float]:
-    from unwind.gateway.mcp_upstream import McpClients
-    from unwind.gateway.secrets import LocalSecrets
-    from unwind.gateway.upstream import Upstream, prepare
     from unwind.manifest.model import ToolManifest
+    from unwind.upstream.client import Upstream, prepare
+    from unwind.upstream.mcp_client import McpClients
+    from unwind.upstream.secrets import LocalSecrets
 
     m = ToolManifest.model_validate({
         "tool": "bench.echo", "effect": "idempotent", "permission": "bench:write",

@@ -5,14 +5,21 @@
 - ``unwind.controlplane`` (the local test control plane: etcd, kube-apiserver, a node) is
   imported only by itself and, inside functions, by the CLI's ``dev`` commands
   (``cli/cluster_cmds.py``): an installed gateway or operator never loads it.
+- The upstream client (``unwind.upstream``) sits below both the gateway and the undo step:
+  the undo step (``unwind.undo``) does not import the gateway package, and
+  ``unwind.upstream`` imports neither.
 """
 
 from __future__ import annotations
 
 import ast
+import os
+import subprocess
+import sys
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parents[1] / "operator" / "unwind"
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "operator" / "unwind"
 
 
 def _module(path: Path) -> str:
@@ -79,3 +86,31 @@ def test_only_the_dev_commands_import_the_local_control_plane_and_only_when_they
                 bad.append(f"{relative}:{line} imports {name} at module level (import it in "
                            "the command that uses it)")
     assert bad == []
+
+
+def _static_violations(folder: str, forbidden: tuple[str, ...]) -> list[str]:
+    files = sorted((PACKAGE / folder).rglob("*.py"))
+    assert files, f"no modules under {PACKAGE / folder}"
+    return [f"{path.relative_to(PACKAGE.parent)}:{line} imports {name}"
+            for path in files for name, line, _ in _imports(path)
+            if any(_is(name, f) for f in forbidden)]
+
+
+def test_the_undo_step_and_the_upstream_client_import_no_gateway_module() -> None:
+    assert _static_violations("undo", ("unwind.gateway",)) == []
+    assert _static_violations("upstream", ("unwind.gateway", "unwind.undo")) == []
+
+
+PROBE = """
+import sys
+import unwind.undo.runner, unwind.undo.local
+print(sorted(m for m in sys.modules if m == "unwind.gateway" or m.startswith("unwind.gateway.")))
+print("unwind.upstream.client" in sys.modules)
+"""
+
+
+def test_importing_the_undo_step_loads_the_upstream_client_and_no_gateway_module() -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "operator")}
+    out = subprocess.run([sys.executable, "-c", PROBE], cwd=ROOT, env=env, capture_output=True,
+                         text=True, check=True, timeout=60)
+    assert out.stdout.split("\n")[:2] == ["[]", "True"]

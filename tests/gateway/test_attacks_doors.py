@@ -23,13 +23,13 @@ from aiohttp import web
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
-from unwind.gateway.errors import Refusal
-from unwind.gateway.limits import MAX_DEPTH, check_arguments, nesting_problem
-from unwind.gateway.secrets import LocalSecrets
 from unwind.gateway.trust import Policy, host_name, json_content_type
-from unwind.gateway.upstream import Upstream, fill_url, prepare
 from unwind.manifest.model import ToolManifest
 from unwind.undo.runner import parse_step, run_step
+from unwind.upstream.client import Upstream, fill_url, prepare
+from unwind.upstream.errors import Refusal
+from unwind.upstream.limits import MAX_DEPTH, check_arguments, nesting_problem
+from unwind.upstream.secrets import LocalSecrets
 
 from .conftest import GatewayProc, free_port, start_gateway, stop
 

@@ -16,12 +16,12 @@ import pytest
 
 from unwind.gateway.catalogue import LocalCatalogue
 from unwind.gateway.enforce import CallRequest, CallResult, Gateway, Settings
-from unwind.gateway.secrets import LocalSecrets
-from unwind.gateway.upstream import Answer, Prepared, Upstream
 from unwind.ledger.entry import REDACTED, Entry
 from unwind.ledger.handle import KEPT_MAX_DEPTH
 from unwind.ledger.memory import MemoryLocks, MemoryStore
 from unwind.ledger.store import Change, StoreUnavailable
+from unwind.upstream.client import Answer, Prepared, Upstream
+from unwind.upstream.secrets import LocalSecrets
 
 ROOT = Path(__file__).resolve().parents[2]
 

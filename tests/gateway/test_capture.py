@@ -19,13 +19,13 @@ from aiohttp import web
 
 from unwind.gateway.catalogue import LocalCatalogue
 from unwind.gateway.enforce import CallRequest, CallResult, Gateway, Settings
-from unwind.gateway.secrets import LocalSecrets
-from unwind.gateway.upstream import Upstream
 from unwind.ledger.entry import REDACTED, Entry
 from unwind.ledger.memory import MemoryLocks, MemoryStore
 from unwind.ledger.plan import Step, Versions, make_plan
 from unwind.ledger.stepinput import step_input
 from unwind.undo.runner import parse_step, run_step
+from unwind.upstream.client import Upstream
+from unwind.upstream.secrets import LocalSecrets
 
 MANIFESTS = """
 - tool: crm.update_customer

@@ -12,9 +12,9 @@ from hypothesis import strategies as st
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
-from unwind.gateway.errors import STATUS, Refusal
 from unwind.gateway.mcp_server import read_meta
 from unwind.gateway.rest import parse_body
+from unwind.upstream.errors import STATUS, Refusal
 
 from .conftest import GatewayProc, UpstreamProc
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from unwind.gateway.secrets import LocalSecrets
-from unwind.gateway.upstream import Upstream, prepare
 from unwind.manifest.model import ToolManifest
+from unwind.upstream.client import Upstream, prepare
+from unwind.upstream.secrets import LocalSecrets
 
 from .conftest import GatewayProc, UpstreamProc
 

@@ -23,12 +23,12 @@ from typing import Any
 import httpx2
 import pytest
 
-from unwind.gateway.mcp_upstream import HttpServer, McpClients, McpFailure, StdioServer
-from unwind.gateway.secrets import LocalSecrets
-from unwind.gateway.upstream import Upstream, prepare
 from unwind.manifest.validate import validate_manifest
 from unwind.operator.admission import Refused, Request, validate_toolmanifest
 from unwind.operator.identity import Identity
+from unwind.upstream.client import Upstream, prepare
+from unwind.upstream.mcp_client import HttpServer, McpClients, McpFailure, StdioServer
+from unwind.upstream.secrets import LocalSecrets
 
 from .conftest import ROOT, env, free_port, start_gateway, stop, wait_for
 

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from unwind.gateway.errors import Refusal
 from unwind.gateway.rest import check_entry_id, choose_run, report_header
-from unwind.gateway.secrets import LocalSecrets, SecretMissing, env_name
-from unwind.gateway.upstream import fill_url
+from unwind.upstream.client import fill_url
+from unwind.upstream.errors import Refusal
+from unwind.upstream.secrets import LocalSecrets, SecretMissing, env_name
 
 
 def test_the_report_header_is_compact_json_with_non_ascii_escaped() -> None:

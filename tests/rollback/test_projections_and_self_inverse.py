@@ -8,8 +8,6 @@ from typing import Any
 
 import pytest
 
-from unwind.gateway.secrets import LocalSecrets
-from unwind.gateway.upstream import Answer, Prepared
 from unwind.ledger.entry import REDACTED, Entry, Handle, Times
 from unwind.ledger.handle import build_handle, secret_texts, staged_handle
 from unwind.ledger.plan import Versions, make_plan
@@ -18,6 +16,8 @@ from unwind.manifest.canonical import checksum
 from unwind.manifest.model import ToolManifest
 from unwind.manifest.validate import validate_manifest, validate_set
 from unwind.undo.runner import parse_step, run_step
+from unwind.upstream.client import Answer, Prepared
+from unwind.upstream.secrets import LocalSecrets
 
 T0 = datetime(2026, 3, 1, 10, 0, tzinfo=UTC)
 URL = "http://127.0.0.1:9"

@@ -11,9 +11,9 @@ from typing import Any
 import httpx2
 
 from gateway.conftest import ROOT, env
-from unwind.gateway.secrets import LocalSecrets
-from unwind.gateway.upstream import Upstream
 from unwind.undo.runner import MESSAGE_LIMIT, fit, parse_step, run_step
+from unwind.upstream.client import Upstream
+from unwind.upstream.secrets import LocalSecrets
 
 from .conftest import UpstreamProc
 

@@ -40,9 +40,9 @@ def cmd_gateway(args: argparse.Namespace) -> int:
     from ..gateway.metrics import Metrics
     from ..gateway.quit import ENV as QUIT_ENV
     from ..gateway.quit import enabled as quit_enabled
-    from ..gateway.secrets import LocalSecrets
-    from ..gateway.upstream import Upstream
     from ..ledger.store import run_problem
+    from ..upstream.client import Upstream
+    from ..upstream.secrets import LocalSecrets
 
     logging.basicConfig(level=getattr(logging, args.log_level.upper()), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")

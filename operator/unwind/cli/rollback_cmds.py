@@ -124,12 +124,12 @@ def format_plan(plan: Any) -> str:
 # ---- rollback ----
 
 def cmd_rollback(args: argparse.Namespace) -> int:
-    from ..gateway.secrets import LocalSecrets
     from ..ledger.plan import PlanError
     from ..ledger.store import StoreUnavailable
     from ..manifest.rewrite import parse_rewrite
     from ..undo.local import execute, open_ledger, plan_local
     from ..undo.sources import SourceError, load_versions
+    from ..upstream.secrets import LocalSecrets
 
     try:
         if _cluster_or_local(args, "rollback"):
@@ -210,9 +210,9 @@ def termination_log() -> str | None:
 
 
 def cmd_undo_step(args: argparse.Namespace) -> int:
-    from ..gateway.secrets import LocalSecrets
-    from ..gateway.upstream import Upstream
     from ..undo.runner import fit, parse_step, run_step
+    from ..upstream.client import Upstream
+    from ..upstream.secrets import LocalSecrets
 
     async def run(spec: Any) -> dict[str, Any]:
         upstream = Upstream()

@@ -15,9 +15,9 @@ from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.routing import Route
 
+from ..upstream.limits import MAX_BODY
 from . import rest
 from .enforce import Gateway
-from .limits import MAX_BODY
 from .mcp_server import build_server
 from .quit import Quit
 from .trust import Policy, Trust

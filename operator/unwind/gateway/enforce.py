@@ -68,11 +68,11 @@ from ..manifest.keys import KeyRenderError, render_key
 from ..manifest.lint import schema_hash_of
 from ..manifest.model import Effect, ToolManifest
 from ..manifest.refs import resolve_map
+from ..upstream.client import Answer, Prepared, Upstream, prepare
+from ..upstream.errors import Refusal
+from ..upstream.secrets import Secrets
 from .catalogue import Catalogue
-from .errors import Refusal
 from .metrics import UNKNOWN_TOOL, Metrics
-from .secrets import Secrets
-from .upstream import Answer, Prepared, Upstream, prepare
 
 log = logging.getLogger("unwind.gateway")
 T = TypeVar("T")

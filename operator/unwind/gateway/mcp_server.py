@@ -25,9 +25,9 @@ from ..ledger.store import ENTRY_ID_PATTERN
 from ..ledger.ulid import new_ulid
 from ..manifest.mcp_names import mcp_name
 from ..manifest.model import Effect, ToolManifest
+from ..upstream.errors import Refusal
+from ..upstream.limits import OverLimit, check_arguments
 from .enforce import CallRequest, CallResult, Gateway
-from .errors import Refusal
-from .limits import OverLimit, check_arguments
 from .rest import choose_run
 from .schemas import BadArguments, check_call_arguments, listed_key
 

@@ -20,9 +20,9 @@ from starlette.routing import Route
 
 from ..ledger.store import ENTRY_ID_PATTERN, run_problem
 from ..ledger.ulid import new_ulid
+from ..upstream.errors import Refusal
+from ..upstream.limits import MAX_BODY, OverLimit, check_arguments, too_deep
 from .enforce import CallRequest, CallResult, Gateway
-from .errors import Refusal
-from .limits import MAX_BODY, OverLimit, check_arguments, too_deep
 from .schemas import BadArguments, check_call_arguments
 
 log = logging.getLogger("unwind.gateway")

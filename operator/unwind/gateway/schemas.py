@@ -25,8 +25,8 @@ from ..manifest.input_schema import (
 )
 from ..manifest.lint import schema_hash_of
 from ..manifest.model import ToolManifest
-from .errors import Refusal
-from .upstream import Upstream
+from ..upstream.client import Upstream
+from ..upstream.errors import Refusal
 
 log = logging.getLogger("unwind.gateway")
 _unusable_logged: set[str] = set()

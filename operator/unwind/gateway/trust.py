@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-from .errors import Refusal
+from ..upstream.errors import Refusal
 from .quit import PATH as QUIT_PATH
 
 log = logging.getLogger("unwind.gateway")

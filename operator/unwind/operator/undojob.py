@@ -42,7 +42,7 @@ MANAGED = {"app.kubernetes.io/managed-by": "unwind", "app.kubernetes.io/componen
 CONTAINER = "undo-step"
 BACKOFF_LIMIT = 1
 STARTUP_SECONDS = 30  # pulling and starting the container, per pod
-DEFAULT_UPSTREAM_MS = 30_000  # the gateway's default upstream timeout (gateway/upstream.py)
+DEFAULT_UPSTREAM_MS = 30_000  # the gateway's default upstream timeout (upstream/client.py)
 MAX_STEP_BYTES = 64 * 1024  # far below the kernel's 128 KiB limit for one env string
 _LABEL_VALUE = re.compile(r"([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?")
 

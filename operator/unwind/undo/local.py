@@ -22,13 +22,13 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from ..gateway.secrets import Secrets
-from ..gateway.upstream import Upstream
 from ..ledger.entry import Entry, EntryError, Handle, now, stamp
 from ..ledger.filestore import FileLocks, FileStore, LedgerDirError, write_atomic
 from ..ledger.plan import UNDOING, Plan, Selection, Step, Versions, make_plan
 from ..ledger.stepinput import StepInput, ledger_identity, step_input
 from ..ledger.store import EntryMissing, Stale, StoreUnavailable, lock_name
+from ..upstream.client import Upstream
+from ..upstream.secrets import Secrets
 from .runner import Sleep, run_step
 from .sources import SourceError, read_ledger_file
 

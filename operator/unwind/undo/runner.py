@@ -34,14 +34,14 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from ..gateway.errors import Refusal
-from ..gateway.secrets import Secrets
-from ..gateway.upstream import Answer, Upstream, prepare
 from ..ledger.entry import now, stamp
 from ..ledger.handle import build_handle
 from ..ledger.stepinput import ReadBackInput, StepInput
 from ..ledger.undo import absence_problem, first_mismatch
 from ..manifest.model import ToolManifest
+from ..upstream.client import Answer, Upstream, prepare
+from ..upstream.errors import Refusal
+from ..upstream.secrets import Secrets
 
 MESSAGE_LIMIT = 4096
 Sleep = Callable[[float], Awaitable[None]]

@@ -24,7 +24,7 @@ unless ``upstream.send_placeholder_args`` is true (an API with filter syntax in 
 ``?id=eq.{{args.id}}``, refuses the repeat).
 
 HTTP goes through one aiohttp session; MCP through the ``mcp`` SDK's client, its sessions
-kept open between calls and stdio servers started in local mode (``mcp_upstream.py``).
+kept open between calls and stdio servers started in local mode (``mcp_client.py``).
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ from ..manifest.keys import plain_text
 from ..manifest.model import Effect, HeaderValue, McpUpstream, ToolManifest
 from .errors import Refusal
 from .limits import MAX_DEPTH, nesting_problem
-from .mcp_upstream import HttpServer, McpClients, McpFailure, Server, StdioServer
+from .mcp_client import HttpServer, McpClients, McpFailure, Server, StdioServer
 from .secrets import SecretMissing, Secrets
 
 DEFAULT_TIMEOUT_MS = 30_000
