@@ -7,7 +7,10 @@ renders; the Idempotency-Key is free (or names a failed, refused, or now approve
 no standing call holds the rendered key; approval; the capture (a manifest's read-only
 ``capture`` call reads the state the call changes; one that fails refuses the call); then
 write-ahead (the ``pending`` entry, with the captured state, is stored before the upstream
-sees anything), the call, and the outcome.
+sees anything), the call, and the outcome. A keyed call with no approval and no capture
+takes its key's lock together with its write-ahead (one round trip to a cluster ledger,
+not two): the upstream is called once both are stored, and a key found held by a standing
+call turns the pending entry just written into ``refused`` (``duplicate``).
 
 A refusal is recorded as a ``refused`` entry with its code, except the answers that an
 entry already records (a repeat of an awaiting or denied call) and dry runs, which write
@@ -17,6 +20,7 @@ is free again; a call whose outcome is unknown keeps it (the safe side).
 
 from __future__ import annotations
 
+import asyncio
 import difflib
 import hashlib
 import logging
@@ -61,6 +65,7 @@ from ..ledger.store import (
     Store,
     StoreUnavailable,
     lock_name,
+    probe,
 )
 from ..ledger.ulid import new_ulid
 from ..manifest.canonical import canonical_json
@@ -76,6 +81,14 @@ from .metrics import UNKNOWN_TOOL, Metrics
 
 log = logging.getLogger("unwind.gateway")
 T = TypeVar("T")
+# States of an entry whose Idempotency-Key a call may still use (the entry runs again, or
+# is the approved call itself).
+_MAY_RUN_AGAIN = REUSABLE | {"awaiting_approval", "denied"}
+
+
+class _Reread(Exception):
+    """The store's copy of the run said the Idempotency-Key was free, and the write found an
+    entry under it that a fresh read could have let run: the call is decided again."""
 
 
 @dataclass(frozen=True)
@@ -127,6 +140,8 @@ class _Call:
     existing: Entry | None = None
     record: bool = True  # whether a refusal is recorded as an entry
     before: Any = None  # the capture's answer (None: no capture ran)
+    fresh: bool = False  # read the Idempotency-Key's entry, never answer it from a cache
+    probed: bool = False  # "no such entry" came from the store's copy of the run (probe)
 
     def digest(self) -> str:
         return "sha256:" + hashlib.sha256(canonical_json(self.req.arguments)).hexdigest()
@@ -157,7 +172,11 @@ class Gateway:
         started = time.perf_counter()
         c = _Call(req)
         try:
-            result = await self._call(c)
+            try:
+                result = await self._call(c)
+            except _Reread:  # the store's copy said "no entry" and the write found one
+                c = _Call(req, fresh=True)
+                result = await self._call(c)
         except Refusal as refusal:
             result = await self._refused(c, refusal)
         m = c.m
@@ -279,17 +298,24 @@ class Gateway:
         if req.dry_run:
             return await self._dry_run(c, checks)
         await self._idempotency_key_is_free(c)
-        if c.key is not None and not req.stage:
+        approved = c.existing is not None and c.existing.state == "awaiting_approval"
+        rules = None if req.stage else ApprovalRules.from_manifest(m)
+        # A keyed call with no approval and no capture sends its key's lock and its pending
+        # entry together (_take_key_writing_ahead); any other keyed call asks first.
+        together = (c.key is not None and not req.stage and rules is None and not approved
+                    and m.capture is None)
+        if c.key is not None and not req.stage and not together:
             standing = await self._standing(c)
             if standing is not None:
                 raise standing
-        approved = c.existing is not None and c.existing.state == "awaiting_approval"
-        rules = None if req.stage else ApprovalRules.from_manifest(m)
         if rules is not None and not approved and self.catalogue.observe:
             self._observed(c, Refusal("approval_required", f"{m.tool} needs approval"))
         elif rules is not None and not approved:
             return await self._await_approval(c, rules)
         prepared = prepare(call_m, args, self.secrets, self._key_headers(c))
+        if together:
+            taken, entry = await self._take_key_writing_ahead(c)
+            return await self._run(c, entry, prepared, taken)
         holder = await self._take_key(c)
         try:
             await self._capture(c)
@@ -393,7 +419,11 @@ class Gateway:
         """The caller's Idempotency-Key (the entry id): unused, or naming an entry that may
         run again: failed, refused, or awaiting approval (then tallied here)."""
         req = c.req
-        existing = await self.ledger(self.store.get(req.run, req.entry_id))
+        if c.fresh:
+            existing = await self.ledger(self.store.get(req.run, req.entry_id))
+        else:
+            existing = await self.ledger(probe(self.store, req.run, req.entry_id))
+            c.probed = existing is None
         if existing is None or existing.state in REUSABLE:
             c.existing = existing
             return
@@ -418,15 +448,20 @@ class Gateway:
                       f"{req.run} already ({existing.tool}, {why}): a call runs once; use a new "
                       "key for a new call", {"entry": existing.id})
 
-    async def _standing(self, c: _Call, *, take: Holder | None = None) -> Refusal | None:
+    async def _standing(self, c: _Call, *, take: Holder | None = None,
+                        held: Holder | None = None) -> Refusal | None:
         """Is the rendered key held by a call that still stands? With ``take``, also take
-        the lock (race-free: exactly one process creates it)."""
+        the lock (race-free: exactly one process creates it); ``held``: the holder a first
+        try at taking it answered."""
         m = c.m
         assert m is not None and m.idempotency is not None and c.key is not None
         name = self._lock_name(c)
-        for _ in range(3):
-            holder = (await self.ledger(self.locks.acquire(name, take)) if take
-                      else await self.ledger(self.locks.peek(name)))
+        for attempt in range(3):
+            if held is not None and attempt == 0:
+                holder: Holder | None = held
+            else:
+                holder = (await self.ledger(self.locks.acquire(name, take)) if take
+                          else await self.ledger(self.locks.peek(name)))
             if holder is None or (holder.run, holder.entry) == (c.req.run, c.req.entry_id):
                 return None
             entry = (await self.ledger(self.store.get(holder.run, holder.entry))
@@ -464,6 +499,55 @@ class Gateway:
             raise refusal
         return holder
 
+    async def _take_key_writing_ahead(self, c: _Call) -> tuple[Holder, Entry]:
+        """Take the key's lock and store the ``pending`` entry at once: one round trip to the
+        ledger before the upstream instead of two. The upstream is called only when both
+        are done. A key a standing call holds (or a lock that cannot be read) turns the
+        pending entry just stored into ``refused`` with the refusal's code, and nothing is
+        called; a pending entry that cannot be stored gives the lock back."""
+        holder = Holder(c.req.run, c.req.entry_id, stamp(self.clock()))
+        taking = asyncio.ensure_future(self.ledger(self.locks.acquire(self._lock_name(c), holder)))
+        try:
+            entry = await self._write_ahead(c)
+        except BaseException:
+            try:
+                taken = await taking is None
+            except Exception:  # a refusal of its own: the lock was not taken
+                taken = False
+            if taken:
+                await self._release(c, holder)
+            raise
+        try:
+            other = await taking
+            refusal = None if other is None else await self._standing(c, take=holder, held=other)
+        except Refusal as exc:
+            refusal = exc
+        if refusal is not None:
+            await self._unrun(c, entry, refusal)
+            raise refusal
+        return holder, entry
+
+    async def _unrun(self, c: _Call, entry: Entry, refusal: Refusal) -> None:
+        """Record the refusal of a call whose pending entry is stored but whose key was not
+        taken: the entry becomes ``refused`` (as ``_record_refusal`` would have stored it).
+        If even that cannot be written, the entry stays pending, and its lookup finds that
+        nothing was sent under its id."""
+        c.record = False
+        error = EntryError(code=refusal.code, message=mask_text(refusal.message, c.secrets))
+        finished = stamp(self.clock())
+
+        def change(current: Entry) -> Entry:
+            if current.state != "pending":
+                raise Stale(current.state)
+            times = current.times.model_copy(update={"finished": finished})
+            return current.model_copy(update={"state": "refused", "error": error,
+                                              "handle": None, "times": times})
+        try:
+            await self.ledger(self.store.update(c.req.run, entry.id, change))
+        except Exception as exc:
+            log.error("entry %s of run %s stays pending (nothing was called): its refusal "
+                      "(%s) could not be recorded: %s", entry.id, c.req.run, refusal.code, exc)
+
     async def _release(self, c: _Call, holder: Holder | None) -> None:
         if holder is None:
             return
@@ -483,15 +567,19 @@ class Gateway:
             actor=self.settings.actor, state=state, arguments_sha256=c.digest(),
             warnings=list(c.warnings), times=Times(requested=stamp(self.clock())), **fields)
 
-    async def _store_new(self, c: _Call, entry: Entry) -> Entry:
-        """Create the entry, or turn the reusable (or approved) one it replaces into it."""
+    async def _store_new(self, c: _Call, entry: Entry, *, reread: bool = False) -> Entry:
+        """Create the entry, or turn the reusable (or approved) one it replaces into it.
+        ``reread``: an entry found by the create that a fresh read would have let run again
+        (failed, refused, awaiting approval) raises _Reread, to decide the call afresh."""
         old = c.existing
         if old is None:
             self._room_for_run(c)
             try:
                 stored = await self.ledger(self.store.create(
                     c.req.run, entry, max_entries=self.settings.max_entries or None))
-            except EntryExists:
+            except EntryExists as exc:
+                if reread and c.probed and not c.fresh and exc.entry.state in _MAY_RUN_AGAIN:
+                    raise _Reread from None
                 raise Refusal("duplicate", f"Idempotency-Key {entry.id} was just used by another "
                               "call: a call runs once", {"entry": entry.id}) from None
             except NotOwner as exc:
@@ -503,6 +591,7 @@ class Gateway:
                               "most one run may hold (--max-entries-per-run): start another "
                               "run") from None
             self._runs_used.setdefault(c.req.run, self.clock())
+            self._own_runs.add(c.req.run)  # the create checked the owner: this actor
             return stored
 
         def change(current: Entry) -> Entry:
@@ -544,7 +633,7 @@ class Gateway:
                           f"so nothing is called: {exc.reason}: send smaller, flatter "
                           "arguments") from None
         entry = self._entry(c, "pending", handle=kept)
-        return await self._store_new(c, entry)
+        return await self._store_new(c, entry, reread=True)
 
     async def _capture(self, c: _Call) -> None:
         """The manifest's ``capture``: read the state the call changes, after the key is
@@ -595,7 +684,7 @@ class Gateway:
         entry = self._entry(c, "awaiting_approval",
                             approval=decide.record(rules, self.settings.identities))
         entry = decide.settle(c.req.run, entry, self.clock())
-        stored = await self._store_new(c, entry)
+        stored = await self._store_new(c, entry, reread=True)
         c.record = False
         assert stored.approval is not None
         refusal = Refusal("approval_required", f"{stored.tool} needs approval: "

@@ -2,11 +2,20 @@
 
 ``ClusterStore`` keeps a run's entries in the **status** of its EffectLedger in the pod's
 namespace (``spec`` holds only the run and the page; the rollback request is someone
-else's to write). Every write is a PUT of the status subresource carrying the
-``resourceVersion`` it was computed from: the API server refuses it with 409 when anyone
-(another gateway, the operator writing approval decisions) wrote in between, and the
-store then reads the page again and re-applies the same operations. So change functions
-must be pure functions of the entry they get (the ``Store`` contract).
+else's to write). Every write is conditional on the ``resourceVersion`` it was computed
+from: a JSON patch of the status subresource that sets ``metadata.resourceVersion`` and
+adds or replaces only the entries it changed (a PUT of the whole status for a page's
+first entries and for the link to a next page). The API server refuses it with 409 when
+anyone (another gateway, the operator writing approval decisions) wrote in between, and
+the store then reads the page again and re-applies the same operations. So change
+functions must be pure functions of the entry they get (the ``Store`` contract).
+
+What a call sends, once its run's ledger is loaded (docs/gateway.md, "The ledger"): the
+check that its Idempotency-Key is free is answered from the store's copy of the page
+(``probe``: the write that follows is conditional on that copy, so it, not the read,
+decides), a keyed call's Lease create goes out together with the write of its ``pending``
+entry, and the upstream is called once both returned: one round trip before the upstream,
+then the outcome's write. An id the copy holds is read fresh (its state may have moved).
 
 - The EffectLedger is created (spec only: a create ignores status) when the run's first
   entry comes, with that entry's actor as ``spec.owner``; 409 means it exists already
@@ -16,10 +25,10 @@ must be pure functions of the entry they get (the ``Store`` contract).
   in each batch, whose PUTs carry the page's resourceVersion, is checking it in the write.
 - Operations on one run that arrive while a write is under way are applied together in
   the next write: many concurrent calls cost a few PUTs.
-- Every write rewrites the whole page, so a run continues in a linked page
-  (``<run>.p2``, ``status.next`` on the previous one) once a page passes ``page_bytes``:
-  long before the API server's 1.5 MiB limit, and small enough that the bytes written
-  per call stay low (the benchmark reports them). The next page is created before the
+- The API server stores the whole page at each write, so a run continues in a linked
+  page (``<run>.p2``, ``status.next`` on the previous one) once a page passes
+  ``page_bytes``: long before the API server's 1.5 MiB limit, and small enough that each
+  write stays cheap for etcd (the benchmark reports the bytes sent per call). The next page is created before the
   link to it is written, so a link never points at nothing.
 - Anything that stops a read or a write (the API server unreachable, 401/403, 5xx, a
   refused object) raises ``StoreUnavailable``: the gateway answers 503 and calls nothing.
@@ -167,6 +176,29 @@ def _dump(value: Any) -> bytes:
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
 
 
+def _changes(page: _Page, entries: list[dict[str, Any]], rv: str,
+             status: dict[str, Any]) -> list[dict[str, Any]] | None:
+    """A JSON patch from the page as held at ``rv`` to ``entries``: the entries added or
+    replaced (a batch's working copy shares the dicts it left alone), the count and last
+    state. Its first operation sets ``metadata.resourceVersion`` to ``rv``, which makes the
+    API server's update conditional exactly like a PUT's: 409 when anyone wrote since.
+    None when the page as held is not the one at ``rv`` or holds no entries yet (the
+    status may not exist): the whole status is PUT then."""
+    held = page.entries
+    if held is None or page.rv != rv or not held or len(entries) < len(held):
+        return None
+    ops: list[dict[str, Any]] = [{"op": "replace", "path": "/metadata/resourceVersion",
+                                  "value": rv}]
+    for i, entry in enumerate(entries):
+        if i >= len(held):
+            ops.append({"op": "add", "path": "/status/entries/-", "value": entry})
+        elif entry is not held[i]:
+            ops.append({"op": "replace", "path": f"/status/entries/{i}", "value": entry})
+    ops.append({"op": "add", "path": "/status/entryCount", "value": status["entryCount"]})
+    ops.append({"op": "add", "path": "/status/lastState", "value": status["lastState"]})
+    return ops
+
+
 def _newer(rv: str, than: str) -> bool:
     if rv.isdigit() and than.isdigit():
         return int(rv) >= int(than)
@@ -208,6 +240,20 @@ class ClusterStore:
                 if entry.get("id") == entry_id:
                     return Entry.model_validate(entry)
             name = status.get("next")
+        return None
+
+    async def probe(self, run: str, entry_id: str) -> Entry | None:
+        """``get`` for the Idempotency-Key of a call about to be written ahead, with no request
+        when this process's copy of the run's tail lacks the id: the create that follows is
+        written on the resourceVersion that copy holds, so an entry anyone else stored
+        since makes that write fail (409; the page is read again and the create raises
+        ``EntryExists``) rather than go unseen. An id the copy holds, or a run not loaded
+        yet, is read from the API server: the entry may have moved (an approval written
+        by the operator, another gateway's outcome)."""
+        state = self._runs.get(run)
+        if state is None or not state.loaded or not state.pages or state.pages[-1].entries is None \
+                or state.find(entry_id) is not None:
+            return await self.get(run, entry_id)
         return None
 
     async def create(self, run: str, entry: Entry, *, max_entries: int | None = None) -> Entry:
@@ -327,11 +373,16 @@ class ClusterStore:
                    next_page: str | None = None) -> None:
         """Write the page's status as computed from the version ``rv`` (409: it changed)."""
         status_obj = page.status(entries, next_page)
-        body = {"apiVersion": f"{API_GROUP}/{API_VERSION}", "kind": "EffectLedger",
-                "metadata": {"name": page.name, "namespace": self.namespace,
-                             "resourceVersion": rv},
-                "spec": {"run": run, "page": page.number}, "status": status_obj}
-        status, obj = await _call(self.api, "PUT", self._path(page.name, status=True), body)
+        ops = _changes(page, entries, rv, status_obj) if next_page is None else None
+        if ops is not None:  # only the entries that changed, on the same precondition
+            status, obj = await _call(self.api, "PATCH", self._path(page.name, status=True), ops,
+                                      content_type="application/json-patch+json")
+        else:
+            body = {"apiVersion": f"{API_GROUP}/{API_VERSION}", "kind": "EffectLedger",
+                    "metadata": {"name": page.name, "namespace": self.namespace,
+                                 "resourceVersion": rv},
+                    "spec": {"run": run, "page": page.number}, "status": status_obj}
+            status, obj = await _call(self.api, "PUT", self._path(page.name, status=True), body)
         self.writes += 1
         if status in (404, 409):
             raise _Conflict(page.name)

@@ -112,6 +112,19 @@ class Store(Protocol):
         ...
 
 
+async def probe(store: Store, run: str, entry_id: str) -> Entry | None:
+    """The entry a call's Idempotency-Key names, read just before that call is written
+    ahead. A store whose create is conditional on the copy of the run it holds may answer
+    "absent" from that copy with no read (``ClusterStore.probe``): an entry stored since
+    by anyone else makes the create raise ``EntryExists``, so the write decides, not the
+    read. Any other store (no ``probe`` method: ``FileStore``, ``MemoryStore``) reads."""
+    cheaper = getattr(store, "probe", None)
+    if cheaper is None:
+        return await store.get(run, entry_id)
+    found: Entry | None = await cheaper(run, entry_id)
+    return found
+
+
 @dataclass(frozen=True)
 class Holder:
     """Who holds an idempotency key: the entry whose call stands, and since when."""
