@@ -17,9 +17,7 @@ when npm cannot fetch it the test skips saying why, and under CI=true it fails i
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
 import subprocess
 import sys
 import time
@@ -35,6 +33,7 @@ from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
 from .conftest import ROOT, GatewayProc, env, free_port, start_gateway, stop, wait_for
+from .installs import npm_tool
 
 JSON_SERVER = "json-server@0.17.4"
 BASE = "http://127.0.0.1:3000"   # replaced by the test's own json-server
@@ -120,26 +119,7 @@ CUSTOMERS = [{"id": 1, "email": "ada@example.com"}, {"id": 2, "email": "grace@ex
 @pytest.fixture(scope="session")
 def json_server() -> Path:
     """json-server installed from npm into a cache folder."""
-    where = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "unwind-tests" / \
-        "json-server"
-    binary = where / "node_modules" / ".bin" / "json-server"
-    version = where / "node_modules" / "json-server" / "package.json"
-    pinned = JSON_SERVER.rsplit("@", 1)[1]
-    if binary.exists() and json.loads(version.read_text()).get("version") == pinned:
-        return binary
-    npm = shutil.which("npm")
-    problem = "npm is not installed" if npm is None else ""
-    if npm is not None:
-        where.mkdir(parents=True, exist_ok=True)
-        done = subprocess.run([npm, "install", "--no-audit", "--no-fund", "--prefix", str(where),
-                               JSON_SERVER], capture_output=True, text=True, timeout=300)
-        if done.returncode == 0 and binary.exists():
-            return binary
-        problem = f"npm install failed: {(done.stderr or done.stdout).strip()[-500:]}"
-    if os.environ.get("CI") == "true":
-        pytest.fail(f"{JSON_SERVER} is needed under CI: {problem}")
-    print(f"skipping: cannot install {JSON_SERVER}: {problem}")
-    pytest.skip(f"cannot install {JSON_SERVER}: {problem}")
+    return npm_tool(*JSON_SERVER.rsplit("@", 1), "json-server")
 
 
 @dataclass

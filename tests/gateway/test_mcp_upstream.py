@@ -13,7 +13,6 @@ import asyncio
 import json
 import logging
 import os
-import shutil
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator
@@ -31,6 +30,7 @@ from unwind.upstream.mcp_client import HttpServer, McpClients, McpFailure, Stdio
 from unwind.upstream.secrets import LocalSecrets
 
 from .conftest import ROOT, env, free_port, start_gateway, stop, wait_for
+from .installs import npm_tool
 
 STDIO = (sys.executable, "-m", "tests.upstream.mcp_stdio_server")
 SERVER_ENV = (("PYTHONPATH", str(ROOT)),)
@@ -371,28 +371,14 @@ def memory_manifest_data(command: list[str]) -> dict[str, Any]:
             "upstream": {"mcp": {"command": command, "tool": "create_entities"}}}
 
 
+# Pinned: the tests read its tools' arguments and its store's lines.
+SERVER_MEMORY = ("@modelcontextprotocol/server-memory", "2026.8.31")
+
+
 @pytest.fixture(scope="session")
 def server_memory() -> Path:
     """``@modelcontextprotocol/server-memory`` installed from npm into a cache folder."""
-    where = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "unwind-tests" / \
-        "server-memory"
-    binary = where / "node_modules" / ".bin" / "mcp-server-memory"
-    if binary.exists():
-        return binary
-    npm = shutil.which("npm")
-    problem = "npm is not installed" if npm is None else ""
-    if npm is not None:
-        where.mkdir(parents=True, exist_ok=True)
-        done = subprocess.run([npm, "install", "--no-audit", "--no-fund", "--prefix", str(where),
-                               "@modelcontextprotocol/server-memory"],
-                              capture_output=True, text=True, timeout=300)
-        if done.returncode == 0 and binary.exists():
-            return binary
-        problem = f"npm install failed: {(done.stderr or done.stdout).strip()[-500:]}"
-    if os.environ.get("CI") == "true":
-        pytest.fail(f"@modelcontextprotocol/server-memory is needed under CI: {problem}")
-    print(f"skipping: cannot install @modelcontextprotocol/server-memory: {problem}")
-    pytest.skip(f"cannot install @modelcontextprotocol/server-memory: {problem}")
+    return npm_tool(*SERVER_MEMORY, "mcp-server-memory")
 
 
 def test_server_memory_from_npm_runs_as_a_stdio_upstream_and_keeps_what_unwind_created(

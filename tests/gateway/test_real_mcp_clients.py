@@ -12,16 +12,14 @@ that cannot be installed skips the test, saying why, except under CI=true where 
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from .conftest import GatewayProc
+from .installs import client_venv, npm_tool
 
 LANGCHAIN = ("langchain-mcp-adapters", "0.3.2")
 FASTMCP = ("fastmcp", "4.2.3")
@@ -30,41 +28,6 @@ INSPECTOR = ("@modelcontextprotocol/inspector", "0.21.0")
 REST_TOOL = "github__create_comment"
 REQUIRED = {"repo", "issue", "body", "client_id"}
 REPORT_HEAD = "unwind effect report (how this call is recorded and undone): "
-
-
-def cache_dir(name: str, version: str) -> Path:
-    base = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "unwind-tests"
-    return base / f"{name.replace('@', '').replace('/', '-')}-{version}"
-
-
-def cannot_install(what: str, problem: str) -> None:
-    if os.environ.get("CI") == "true":
-        pytest.fail(f"{what} is needed under CI: {problem}")
-    print(f"skipping: cannot install {what}: {problem}")
-    pytest.skip(f"cannot install {what}: {problem}")
-
-
-def client_venv(name: str, version: str, module: str) -> Path:
-    """A venv holding ``name==version`` (importable as ``module``); its python."""
-    where = cache_dir(name, version)
-    python = where / "bin" / "python"
-    probe = [str(python), "-c", f"import {module}"]
-    if python.exists() and subprocess.run(probe, capture_output=True, timeout=120).returncode == 0:
-        return python
-    shutil.rmtree(where, ignore_errors=True)
-    started = time.monotonic()
-    made = subprocess.run(["python3", "-m", "venv", str(where)], capture_output=True, text=True,
-                          timeout=120)
-    if made.returncode != 0:
-        cannot_install(f"{name}=={version}", f"python3 -m venv failed: {made.stderr.strip()[-500:]}")
-    done = subprocess.run([str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check",
-                           f"{name}=={version}"], capture_output=True, text=True, timeout=600)
-    if done.returncode != 0 or subprocess.run(probe, capture_output=True, timeout=120).returncode:
-        shutil.rmtree(where, ignore_errors=True)
-        cannot_install(f"{name}=={version}",
-                       f"pip install failed: {(done.stderr or done.stdout).strip()[-500:]}")
-    print(f"installed {name}=={version} into {where} in {time.monotonic() - started:.0f}s")
-    return python
 
 
 @pytest.fixture(scope="session")
@@ -80,23 +43,7 @@ def fastmcp_python() -> Path:
 @pytest.fixture(scope="session")
 def inspector() -> Path:
     """The MCP Inspector from npm in a cache folder; its launcher."""
-    name, version = INSPECTOR
-    where = cache_dir("mcp-inspector", version)
-    binary = where / "node_modules" / ".bin" / "mcp-inspector"
-    if binary.exists():
-        return binary
-    npm = shutil.which("npm")
-    if npm is None:
-        cannot_install(f"{name}@{version}", "npm is not installed")
-    where.mkdir(parents=True, exist_ok=True)
-    started = time.monotonic()
-    done = subprocess.run([str(npm), "install", "--no-audit", "--no-fund", "--prefix", str(where),
-                           f"{name}@{version}"], capture_output=True, text=True, timeout=600)
-    if done.returncode != 0 or not binary.exists():
-        cannot_install(f"{name}@{version}",
-                       f"npm install failed: {(done.stderr or done.stdout).strip()[-500:]}")
-    print(f"installed {name}@{version} into {where} in {time.monotonic() - started:.0f}s")
-    return binary
+    return npm_tool(*INSPECTOR, "mcp-inspector")
 
 
 def run_client(python: Path, script: str, tmp_path: Path, *args: str) -> Any:
