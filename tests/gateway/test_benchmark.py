@@ -1,0 +1,32 @@
+"""The gateway's comparison benchmark (benchmarks/gateway.py) runs and prints its table and
+the issue's targets: a short run, local rows only (the numbers themselves are not judged)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from .conftest import ROOT, env
+
+
+def test_the_comparison_benchmark_prints_every_row_shape_and_target() -> None:
+    out = subprocess.run([sys.executable, "-m", "benchmarks.gateway", "--no-cluster",
+                          "--no-in-process", "--seconds", "0.5", "--peak-seconds", "0.5",
+                          "--seq-rate", "20", "--conc-rate", "40"],
+                         cwd=ROOT, env=env(), capture_output=True, text=True, timeout=240)
+    assert out.returncode == 0, out.stderr[-3000:]
+    text = out.stdout
+    for shape in ("1 in flight, 20/s", "1 in flight, unpaced", "10 concurrent, 40/s",
+                  "10 concurrent, unpaced"):
+        assert f"-- {shape}" in text, text
+    rows = [line.split() for line in text.splitlines()
+            if line.startswith("  gateway, file ledger ") and "<=" not in line]
+    assert len(rows) == 4, text
+    for row in rows:
+        calls, errors = int(row[3]), int(row[4])
+        assert calls > 0 and errors == 0, row
+    for target in ("memory ledger CPU per call <= 1.5x bare", "file ledger CPU per call <= 2x bare",
+                   "file ledger p50, 1 in flight, 20/s <= bare p50 + 1 ms + one fsync",
+                   "one fsync per batch at 10 concurrent", "gateway RSS <= 90 MB"):
+        assert target in text, text
+    assert "one fsync on the ledger's folder" in text
