@@ -17,11 +17,11 @@ flight paced at ``--conc-rate`` (50/s) and unpaced (saturation). Per load it pri
 CPU per call answered, from the serving process's own counters (the sum of its threads'
 ``/proc/<pid>/task/*/schedstat`` run time, in ns; ``/proc/<pid>/stat`` ticks when threads
 came and went), latency p50/p99 and throughput, and the ratios to the bare proxy in the
-same shape. After the loads: each process's RSS (VmRSS, and the peak VmHWM), the time of
-one fsync on the ledger's folder (median of 50 small appends, each fsync'ed), the file
-ledger's fsyncs per call and the cluster row's bytes sent to the API server and ledger
-writes per call (from the gateway's /metrics), and the issue's targets, each marked met
-or not met. Last, one call at a time in-process (no HTTP server, no load generator): what
+same shape. After the loads: each process's RSS (VmRSS, and the peak VmHWM) and its CPU
+with no load (a second before the loads), the time of one fsync on the ledger's folder
+(median of 50 small appends, each fsync'ed), the file ledger's fsyncs per call and the
+cluster row's bytes sent to the API server and ledger writes per call (from the gateway's
+/metrics), and the issue's targets, each marked met or not met. Last, one call at a time in-process (no HTTP server, no load generator): what
 the enforcement path itself costs per call.
 
 The load comes from ``hey`` when it is installed (Go, so the client costs the machine
@@ -265,11 +265,15 @@ class Server:
     metrics: dict[str, tuple[str, ...]] = field(default_factory=dict)  # shown per call
     results: dict[Shape, Result] = field(default_factory=dict)
     rss_kb: tuple[int, int] = (0, 0)
+    idle_ms: float = 0.0  # CPU ms per second with no load, before the loads
 
 
 def _measure(server: Server, shapes: list[Shape], drive: Driver, seconds: float,
              peak_seconds: float) -> None:
     url = f"http://127.0.0.1:{server.port}{PATH}"
+    cpu0, t0 = _cpu(server.pid), time.perf_counter()
+    time.sleep(1)
+    server.idle_ms = _cpu_delta(cpu0, _cpu(server.pid)) * 1000 / (time.perf_counter() - t0)
     for n, shape in enumerate(shapes):
         length = seconds if shape.rate else peak_seconds
         drive(url, shape.rate, 0.5, shape.concurrency, f"warm-{n}")  # connections, caches
@@ -555,6 +559,8 @@ def _print(args: argparse.Namespace, shapes: list[Shape], servers: list[Server],
     print("RSS after the loads (MB, now / peak VmHWM): " + "; ".join(
         f"{s.label} {s.rss_kb[0] / 1024:.1f} / {s.rss_kb[1] / 1024:.1f}" for s in servers
         if s.kind != "bare-cp"))
+    print("CPU with no load (ms per second, counted in the paced rows' CPU per call): " + "; ".join(
+        f"{s.label} {s.idle_ms:.2f}" for s in servers))
     print(f"importing the gateway alone: {notes['import_rss_mb']:.1f} MB RSS")
     fsync = float(notes["fsync_ms"])  # type: ignore[arg-type]
     print(f"one fsync on the ledger's folder (small append + fsync, median of 50): {fsync:.2f} ms")
