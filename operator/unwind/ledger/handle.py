@@ -214,8 +214,10 @@ def build_handle(m: ToolManifest, args: Any, result: Any, *, staged: bool = Fals
     report of a refused call or a dry run). ``before`` is the capture's answer: its
     ``$before`` paths are kept in ``handle.before`` (None when nothing was captured)."""
     trees: dict[str, Any] = {"args": {}, "result": {}, "before": {}}
+    kept = False  # a tree holds a value (else it is empty, and far below the size bound)
     redacted = redaction_references(m)
     for where, ref in kept_references(m, staged=staged):
+        kept = True
         found: list[tuple[Ref, Any]]
         if ref.projects:
             to_list, n, found = _kept_items(ref, args, result, before)
@@ -235,7 +237,7 @@ def build_handle(m: ToolManifest, args: Any, result: Any, *, staged: bool = Fals
     for ref in redacted:
         if ref.root in trees:
             trees[ref.root] = _mask(trees[ref.root], ref.path)
-    if strict:
+    if strict and kept:
         _size_checked("the handle", trees)
     return Handle(args=trees["args"], result=trees["result"],
                   before=trees["before"] if before is not None else None)
