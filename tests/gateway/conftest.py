@@ -140,11 +140,9 @@ class GatewayProc:
                            headers=headers, timeout=30)
 
     def entries(self, run: str = "run-1") -> list[dict[str, Any]]:
-        import json
-        path = self.ledger / f"{run}.json"
-        if not path.exists():
-            return []
-        return list(json.loads(path.read_text())["status"]["entries"])
+        """The run's entries as a reader of the folder sees them (pages and journal)."""
+        from unwind.ledger.filestore import read_run
+        return [e for page in read_run(self.ledger, run) for e in page["status"]["entries"]]
 
 
 def start_gateway(manifests: Path | list[Path], ledger: Path, log_dir: Path, *extra: str,

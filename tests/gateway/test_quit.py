@@ -88,7 +88,7 @@ def test_in_a_pod_the_gateway_drains_a_slow_call_writes_its_entry_and_exits_0(
 
     def as_in_a_pod(args: argparse.Namespace, metrics: Any) -> Any:
         args.manifests, args.ledger_dir = [str(manifests)], str(tmp_path / "ledger")
-        parts = real_local(args)
+        parts = real_local(args, metrics)
         parts.identities = "kubernetes"
         return parts
 

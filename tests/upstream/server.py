@@ -73,15 +73,22 @@ class Upstream:
             return await self.kube_snapshot(self.kube)
         if self.ledger_dir is None:
             return []
+        from unwind.ledger.filestore import read_run
+        from unwind.ledger.store import StoreUnavailable
+
         out = []
         for path in sorted(self.ledger_dir.glob("*.json")):
-            try:
-                obj = json.loads(path.read_text())
-            except (OSError, ValueError):
+            try:  # a run's first page: its entries, with the journal's (its latest) applied
+                run = json.loads(path.read_text())["spec"]["run"]
+                if path.name != f"{run}.json":
+                    continue
+                pages = read_run(self.ledger_dir, run)
+            except (OSError, ValueError, KeyError, TypeError, StoreUnavailable):
                 continue
-            for e in obj.get("status", {}).get("entries", []):
-                out.append({"ledger": path.name, "id": e.get("id"), "tool": e.get("tool"),
-                            "state": e.get("state")})
+            for obj in pages:
+                for e in obj.get("status", {}).get("entries", []):
+                    out.append({"ledger": f"{obj['metadata']['name']}.json", "id": e.get("id"),
+                                "tool": e.get("tool"), "state": e.get("state")})
         return out
 
     @staticmethod

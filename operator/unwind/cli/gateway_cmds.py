@@ -65,7 +65,7 @@ def cmd_gateway(args: argparse.Namespace) -> int:
     metrics = Metrics()
     try:
         parts = _cluster_parts(args, metrics) if args.cluster or not args.manifests \
-            else _local_parts(args)
+            else _local_parts(args, metrics)
     except _SetupError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
@@ -167,7 +167,7 @@ class _Parts:
     closers: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
 
 
-def _local_parts(args: argparse.Namespace) -> _Parts:
+def _local_parts(args: argparse.Namespace, metrics: Any) -> _Parts:
     """Local mode: plain manifest files (unsigned) and a folder of ledger files."""
     from ..gateway.catalogue import LocalCatalogue
     from ..ledger.filestore import FileLocks, FileStore, LedgerDirError
@@ -175,6 +175,7 @@ def _local_parts(args: argparse.Namespace) -> _Parts:
 
     store: Any
     locks: Any
+    closers: list[Callable[[], Awaitable[None]]] = []
     if args.benchmark_memory_store:
         store, locks = MemoryStore(), MemoryLocks()
         logging.getLogger("unwind.gateway").warning("ledger in memory (benchmark only): "
@@ -186,6 +187,8 @@ def _local_parts(args: argparse.Namespace) -> _Parts:
             store, locks = FileStore(args.ledger_dir), FileLocks(args.ledger_dir)
         except LedgerDirError as exc:
             raise _SetupError(str(exc)) from None
+        metrics.ledger_fsyncs.set_function(lambda: store.fsyncs)
+        closers.append(store.aclose)  # the journals folded into the pages on the way out
     # A path that is not there is a typo, not a reload to wait for (invalid manifests are:
     # the gateway serves not-ready until they are fixed)
     missing = [p for p in args.manifests if not Path(p).exists()]
@@ -195,7 +198,7 @@ def _local_parts(args: argparse.Namespace) -> _Parts:
     actor = args.actor or os.environ.get("UNWIND_ACTOR") or f"local:{getpass.getuser()}"
     rewrite = [_rewrite(r) for r in args.rewrite_upstream or []]
     return _Parts(LocalCatalogue(args.manifests, observe=args.observe, rewrite=rewrite), store, locks, actor,
-                  "self-declared")
+                  "self-declared", closers)
 
 
 def _rewrite(text: str) -> tuple[str, str]:

@@ -20,6 +20,8 @@ class Metrics:
                              ["tool", "effect_class", "outcome"], registry=self.registry)
         self.latency = Histogram("unwind_gateway_call_seconds", "Time to answer a call, by tool.",
                                  ["tool"], buckets=_LATENCY, registry=self.registry)
+        self._calls: dict[tuple[str, str, str], Counter] = {}  # their series, by labels
+        self._latency: dict[str, Histogram] = {}
         self.ledger_writes = Histogram("unwind_gateway_ledger_write_seconds",
                                        "Time to store one ledger write.", buckets=_LATENCY,
                                        registry=self.registry)
@@ -39,11 +41,28 @@ class Metrics:
         self.ledger_api_writes = Gauge("unwind_gateway_ledger_api_writes", "EffectLedger writes "
                                        "(creates and status updates) since start.",
                                        registry=self.registry)
+        # On a laptop: the file ledger's fsyncs (the calls that arrive together share one).
+        self.ledger_fsyncs = Gauge("unwind_gateway_ledger_fsyncs", "fsync calls of the file "
+                                   "ledger since start (pages, journals, the folder).",
+                                   registry=self.registry)
         self.observed = Counter("unwind_gateway_observed_violations", "Violations recorded but not "
                                 "refused (observe mode), by tool and code.", ["tool", "code"],
                                 registry=self.registry)
         self.ready = Gauge("unwind_gateway_catalogue_ready", "1 when a valid catalogue is served.",
                            registry=self.registry)
+
+    def called(self, tool: str, effect_class: str, outcome: str, seconds: float) -> None:
+        """Count one answered call and its time. The labelled series are looked up once
+        (``labels`` costs more than the count itself)."""
+        count = self._calls.get((tool, effect_class, outcome))
+        if count is None:
+            count = self._calls[(tool, effect_class, outcome)] = self.calls.labels(
+                tool, effect_class, outcome)
+        count.inc()
+        timing = self._latency.get(tool)
+        if timing is None:
+            timing = self._latency[tool] = self.latency.labels(tool)
+        timing.observe(seconds)
 
     def serving(self, generation: str, ready: bool) -> None:
         self.catalogue.clear()

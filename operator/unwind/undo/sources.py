@@ -18,7 +18,9 @@ from typing import Any
 from pydantic import TypeAdapter, ValidationError
 
 from ..ledger.entry import Entry
+from ..ledger.filestore import journal_path, read_run
 from ..ledger.plan import Versions
+from ..ledger.store import StoreUnavailable
 from ..manifest.canonical import checksum
 from ..manifest.loader import check_paths, load_paths
 from ..manifest.model import ToolManifest
@@ -59,10 +61,24 @@ def read_ledger_file(path: str | os.PathLike[str]) -> Snapshot:
         pages = sorted((i for i in items if isinstance(i, dict)), key=_page_number)
         return snapshot(pages, str(p), follow=None)
 
+    run = (data.get("spec") or {}).get("run") if isinstance(data, dict) else None
+    if isinstance(run, str) and p.name == f"{run}.json" and _has_journal(p.parent, run):
+        try:  # a local gateway's ledger: its latest entries may still be in the journal
+            return snapshot(read_run(p.parent, run), str(p), follow=None)
+        except StoreUnavailable as exc:
+            raise SourceError(f"{p}: {exc}") from None
+
     def follow(name: str) -> dict[str, Any] | None:
         nxt = p.parent / f"{name}.json"
         return _json_file(nxt) if nxt.exists() else None
     return snapshot([data], str(p), follow)
+
+
+def _has_journal(folder: Path, run: str) -> bool:
+    try:
+        return journal_path(folder, run).stat().st_size > 0
+    except OSError:
+        return False
 
 
 def snapshot(first: list[Any], source: str, follow: Follow | None) -> Snapshot:
