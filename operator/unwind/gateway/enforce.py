@@ -301,10 +301,12 @@ class Gateway:
         approved = c.existing is not None and c.existing.state == "awaiting_approval"
         rules = None if req.stage else ApprovalRules.from_manifest(m)
         # A keyed call with no approval and no capture sends its key's lock and its pending
-        # entry together (_take_key_writing_ahead); any other keyed call asks first.
+        # entry together (_take_key_writing_ahead); one with a capture takes the lock first.
+        # Only a call about to wait for approval asks who holds its key before: a duplicate
+        # is refused without an awaiting entry (taking the lock answers the same for others).
         together = (c.key is not None and not req.stage and rules is None and not approved
                     and m.capture is None)
-        if c.key is not None and not req.stage and not together:
+        if c.key is not None and rules is not None and not approved:
             standing = await self._standing(c)
             if standing is not None:
                 raise standing
