@@ -5,6 +5,7 @@ Every request first passes one Host/Origin/Content-Type policy (trust.py)."""
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
@@ -49,10 +50,14 @@ def build_app(gateway: Gateway, *, default_run: str | None = None, host: str = "
         gateway.metrics.serving(c.generation, c.ready)
         if not c.ready:
             log.error("not ready: %s", c.problem)
+        # What startup built (the modules, the catalogue) lives as long as the server: frozen,
+        # the collector's full passes skip it (they walked all of it every few thousand calls).
+        gc.freeze()
         async with sessions.run():
             try:
                 yield
             finally:
+                gc.unfreeze()
                 await c.aclose()
                 await gateway.upstream.aclose()
                 for close in closers:

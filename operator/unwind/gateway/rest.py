@@ -118,9 +118,9 @@ def routes(gateway: Gateway, default_run: str | None) -> list[Route]:
             return error_response(refusal)
         given = request.headers.get("idempotency-key")
         entry_id = given if given is not None and ENTRY_ID_PATTERN.fullmatch(given) else new_ulid()
-        req = CallRequest(tool=tool, arguments={}, run=run, entry_id=entry_id)
         try:
-            check_entry_id(given)
+            if given is not None:  # (checked without one, it would draw a ULID to drop)
+                check_entry_id(given)
             raw = await read_limited(request)
             if raw is None:
                 raise Refusal("payload_too_large", f"the body is larger than {MAX_BODY // 1024} "
@@ -141,6 +141,7 @@ def routes(gateway: Gateway, default_run: str | None) -> list[Route]:
                      refusal.message)
             return error_response(refusal)
         except Refusal as refusal:
+            req = CallRequest(tool=tool, arguments={}, run=run, entry_id=entry_id)
             return respond(await gateway.reject(req, refusal))
         req = CallRequest(tool=tool, arguments=arguments, run=run, entry_id=entry_id,
                           stage=stage, dry_run=dry_run)

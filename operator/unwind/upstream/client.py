@@ -247,7 +247,6 @@ class Upstream:
             if 200 <= status < 300:
                 return Answer("too_large", status, None, too_large)
             return Answer("error_status", status, None, too_large)
-        text = raw.decode("utf-8", "replace")
         try:
             data = json.loads(raw) if raw.strip() else None
         except (ValueError, RecursionError):
@@ -259,11 +258,12 @@ class Upstream:
                 return Answer("too_large", status, None, message)
             return Answer("error_status", status, None, message)
         if not 200 <= status < 300:
-            return Answer("error_status", status, None if data is _NOT_JSON else data, text[:2000])
+            return Answer("error_status", status, None if data is _NOT_JSON else data,
+                          raw.decode("utf-8", "replace")[:2000])
         if data is None:  # 204 No Content, or a 2xx with an empty body: done, nothing said
             return Answer("ok", status, None, "")
         if data is _NOT_JSON:
-            return Answer("not_json", status, None, text[:2000])
+            return Answer("not_json", status, None, raw.decode("utf-8", "replace")[:2000])
         return Answer("ok", status, data, "")
 
     async def _mcp(self, p: Prepared) -> Answer:
