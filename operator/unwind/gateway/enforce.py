@@ -184,8 +184,7 @@ class Gateway:
         error = result.body["error"] if result.status >= 400 else {}
         outcome = error.get("code")
         state = outcome or ("dry_run" if req.dry_run else "succeeded")
-        self.metrics.calls.labels(tool, str(m.effect) if m else "", state).inc()
-        self.metrics.latency.labels(tool).observe(time.perf_counter() - started)
+        self.metrics.called(tool, str(m.effect) if m else "", state, time.perf_counter() - started)
         message = error.get("message", "")
         log.info("call run=%s entry=%s tool=%s status=%d outcome=%s ms=%.1f%s", req.run,
                  result.entry or req.entry_id, req.tool[:128], result.status, state,
