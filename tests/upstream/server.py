@@ -32,7 +32,6 @@ import argparse
 import asyncio
 import itertools
 import json
-import socket
 import ssl
 import sys
 from collections import Counter
@@ -280,31 +279,21 @@ class Upstream:
 
 
 def main() -> None:
+    from unwind.cli.gateway_cmds import cannot_listen
+
     parser = argparse.ArgumentParser(description="The test upstream for the example manifests.")
     parser.add_argument("--host", action="append",
                         help="address to listen on (repeat for several; default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=DEFAULT_PORT)
     args = parser.parse_args()
     hosts = args.host or ["127.0.0.1"]
-    taken = next(((h, why) for h in hosts if (why := _cannot_listen(h, args.port))), None)
+    taken = next(((h, why) for h in hosts if (why := cannot_listen(h, args.port))), None)
     if taken:  # one line and exit 1: a gateway must never quietly meet another process's upstream
         print(f"error: cannot listen on {taken[0]}:{args.port}: {taken[1]} (a test upstream left "
               "running? stop it, or give --port)", file=sys.stderr)
         sys.exit(1)
     print(", ".join(f"test upstream on http://{h}:{args.port}" for h in hosts), flush=True)
     web.run_app(Upstream().app(), host=hosts, port=args.port, print=None)
-
-
-def _cannot_listen(host: str, port: int) -> str | None:
-    """Why ``host:port`` cannot be listened on (e.g. "Address already in use"), else None."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as aiohttp does
-        try:
-            probe.bind((host, port))
-        except OSError as exc:
-            return exc.strerror or str(exc)
-    return None
 
 
 if __name__ == "__main__":

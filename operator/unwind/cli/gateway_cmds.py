@@ -51,7 +51,7 @@ def cmd_gateway(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    taken = _cannot_listen(host, port)
+    taken = cannot_listen(host, port)
     if taken:  # before anything is loaded: a client must not quietly reach another gateway
         print(f"error: --listen {args.listen}: cannot listen on {host}:{port}: {taken} (another "
               "gateway left running? stop it, or give --listen HOST:PORT)", file=sys.stderr)
@@ -102,7 +102,7 @@ def cmd_gateway(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cannot_listen(host: str, port: int) -> str | None:
+def cannot_listen(host: str, port: int) -> str | None:
     """Why ``host:port`` cannot be listened on (e.g. "Address already in use"), else None."""
     import socket
 
