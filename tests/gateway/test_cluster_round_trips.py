@@ -43,6 +43,27 @@ MANIFESTS = """\
   permission: t:write
   idempotency: { key: "order-{{args.order}}", scope: global, carrier: { header: Idempotency-Key } }
   upstream: { url: "http://127.0.0.1:9/pay", method: POST }
+- tool: t.set
+  description: Keyed, with a capture of what it changes.
+  effect: compensable
+  permission: t:write
+  idempotency: { key: "set-{{args.id}}", scope: global, carrier: { header: Idempotency-Key } }
+  capture: { tool: t.read, arguments: { id: $args.id } }
+  upstream: { url: "http://127.0.0.1:9/set", method: POST }
+  compensation:
+    tool: t.restore
+    residue: [the change was seen]
+    argument_map: { id: $args.id, value: $before.value }
+- tool: t.restore
+  description: Puts the value back.
+  effect: idempotent
+  permission: t:write
+  upstream: { url: "http://127.0.0.1:9/restore", method: POST }
+- tool: t.read
+  description: Reads what t.set changes.
+  effect: read_only
+  permission: t:write
+  upstream: { url: "http://127.0.0.1:9/read", method: POST }
 """
 
 
@@ -196,12 +217,12 @@ class FakeUpstream:
         self.calls: list[dict[str, Any]] = []
 
     async def send(self, p: Prepared) -> Answer:
-        self.server.log.append(("upstream", p.headers.get("Idempotency-Key", "")))
+        self.server.log.append(("upstream", p.headers.get("Idempotency-Key", p.manifest.tool)))
         self.calls.append({"tool": p.manifest.tool, "headers": dict(p.headers)})
         await asyncio.sleep(0.002)
         if self.fail:
             return Answer(kind="error_status", status=400, data={"error": "no"}, text="no")
-        return Answer(kind="ok", status=200, data={"ok": True, "n": len(self.calls)})
+        return Answer(kind="ok", status=200, data={"ok": True, "n": len(self.calls), "value": 1})
 
     async def aclose(self) -> None:
         return None
@@ -413,3 +434,17 @@ async def test_an_entry_the_store_holds_is_read_fresh_so_an_approval_written_mea
     assert again.status == 409
     assert server.requests_between(start, len(server.log))[0] == (
         "GET", f"{LEDGERS}/run-1")
+
+
+async def test_a_keyed_call_with_a_capture_takes_its_lease_then_captures_then_writes_ahead(
+        manifests: Path) -> None:
+    server = FakeApiServer()
+    gw = gateway(server, manifests)
+    assert (await gw.call(CallRequest("t.echo", {"x": 1}, "run-1", "e-1"))).status == 200
+    start = len(server.log)
+    result = await gw.call(CallRequest("t.set", {"id": "c1"}, "run-1", "e-2"))
+    assert result.status == 200, result.body
+    kinds = [(e[0], e[2] if e[0] != "upstream" else e[1]) for e in server.log[start:]
+             if e[0] in ("start", "upstream")]
+    assert kinds == [("start", "POST"), ("upstream", "t.read"), ("start", "PATCH"),
+                     ("upstream", "set-c1"), ("start", "PATCH")], kinds
