@@ -744,8 +744,8 @@ class Gateway:
             error = EntryError(code=refusal.code, message=refusal.message) if refusal else None
 
             def finish(current: Entry) -> Entry:
-                times = current.times.model_copy(update={"started": started,
-                                                         "finished": finished})
+                times = Times(requested=current.times.requested, started=started,
+                              finished=finished)
                 return current.model_copy(update={"state": state, "handle": handle,
                                                   "report": report, "error": error,
                                                   "staged": staged, "times": times})

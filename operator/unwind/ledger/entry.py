@@ -143,7 +143,9 @@ def now() -> datetime:
 def stamp(moment: datetime | None = None) -> str:
     """RFC 3339 in UTC with milliseconds (entries of one second must still sort)."""
     moment = moment or now()
-    return moment.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    if moment.tzinfo is not UTC:
+        moment = moment.astimezone(UTC)
+    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def parse_stamp(text: str) -> datetime:
