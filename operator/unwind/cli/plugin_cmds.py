@@ -5,6 +5,10 @@ plugin_view.py, print. A decision is an Approval object; the admission webhook s
 made it and refuses what it must (four-eyes, a stale checksum, forged annotations), and the
 operator tallies it. The plugin only fills in the exact version (checksum) being decided,
 so a person never copies a hash by hand.
+
+`plan` and `rollback` of ledger/NAME (cmd_cluster_plan, cmd_cluster_rollback) are here too:
+rollback_cmds.py parses `unwind plan|rollback` and hands a ledger in the cluster over to
+them; the selection flags and the plan's table are shared through plans.py.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from ..operator.undojob import label_value
 from . import plugin_view as view
 from .kubectl import Kubectl, KubectlError, add_kube_flags
 from .output import output_format
+from .plans import format_plan, parse_now, parse_selection, show_plan
 from .plugin_view import Target, UsageError
 
 COMMANDS = ("approve", "deny", "history", "diff", "status")
@@ -362,7 +367,6 @@ def _ledger_plan(k: Kubectl, target: Target, args: argparse.Namespace) -> tuple[
     the ledger's pages and the versions the cluster records."""
     from ..ledger.plan import PlanError, make_plan
     from ..undo.sources import SourceError, snapshot
-    from .rollback_cmds import _selection, _when
 
     first = _read(k, target)
     if int(view.part(first, "spec").get("page") or 1) != 1:
@@ -373,7 +377,8 @@ def _ledger_plan(k: Kubectl, target: Target, args: argparse.Namespace) -> tuple[
         versions = view.cluster_versions(k.items(f"toolmanifests.{API_GROUP}"),
                                          k.items("controllerrevisions", "-l", view.OWNER_LABEL),
                                          current=bool(getattr(args, "current", False)))
-        plan = make_plan(snap.name, snap.entries, versions, now=_when(args), selection=_selection(args))
+        plan = make_plan(snap.name, snap.entries, versions, now=parse_now(args),
+                         selection=parse_selection(args))
     except (SourceError, PlanError, ValueError) as exc:
         raise Refusal(str(exc)) from None
     return first, plan
@@ -384,22 +389,15 @@ RESOURCE_LEDGERS = f"effectledgers.{API_GROUP}"
 
 @_guarded()
 def cmd_cluster_plan(args: argparse.Namespace) -> int:
-    from .rollback_cmds import format_plan
-
     target = view.parse_target(args.target, ("EffectLedger",))
     _, plan = _ledger_plan(Kubectl.from_args(args), target, args)
-    fmt = output_format(args)
-    if fmt != "text":
-        _emit(plan.to_json(), fmt)
-    else:
-        sys.stdout.write(format_plan(plan))
+    show_plan(plan, output_format(args))
     return 0
 
 
 @_guarded()
 def cmd_cluster_rollback(args: argparse.Namespace) -> int:
     from ..ledger.entry import stamp
-    from .rollback_cmds import format_plan
 
     target = view.parse_target(args.target, ("EffectLedger",))
     if not args.reason or not args.reason.strip():

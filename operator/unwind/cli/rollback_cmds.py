@@ -4,6 +4,10 @@
 locally against a ledger file; `undo-step` runs one step (the Job's entry point in a
 cluster); `ledger export` writes signed evidence of a run, `ledger verify` checks it.
 See docs/rollback.md.
+
+`plan` and `rollback` of ledger/NAME, a ledger in the cluster, are the kubectl plugin's
+(plugin_cmds.py: cmd_cluster_plan, cmd_cluster_rollback); this module parses both forms'
+flags and hands ledger/NAME over. What both forms share is in plans.py.
 """
 
 from __future__ import annotations
@@ -14,116 +18,73 @@ import getpass
 import json
 import os
 import sys
-from datetime import datetime
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .output import add_output_flags, emit, fail, output_format, plural
+from .output import add_output_flags, fail, output_format, plural
+from .plans import format_plan, parse_now, parse_selection, show_plan
 
 DEFAULT_TERMINATION_LOG = "/dev/termination-log"
 
 
-# ---- plan ----
+# ---- plan and rollback: a ledger file here, ledger/NAME in the cluster ----
 
-def _when(args: argparse.Namespace) -> datetime:
-    from ..ledger.entry import now, parse_stamp
+def cmd_plan(args: argparse.Namespace) -> int:
+    return _file_or_cluster(args, "plan", _plan_file)
 
-    if not getattr(args, "now", None):
-        return now()
+
+def cmd_rollback(args: argparse.Namespace) -> int:
+    return _file_or_cluster(args, "rollback", _rollback_file)
+
+
+def _file_or_cluster(args: argparse.Namespace, command: str,
+                     on_file: Callable[[argparse.Namespace], int]) -> int:
+    """Run ``command`` on a ledger file (``on_file``, below), or on ledger/NAME in the cluster:
+    plugin_cmds.py's cmd_cluster_plan or cmd_cluster_rollback, imported only then. Neither
+    form, or both, is a usage error."""
     try:
-        moment = parse_stamp(args.now)
-    except ValueError:
-        raise ValueError(f"--now {args.now}: give an RFC 3339 time, e.g. 2026-01-31T10:00:00Z") from None
-    if moment.tzinfo is None:
-        raise ValueError(f"--now {args.now}: give the time zone too, e.g. 2026-01-31T10:00:00Z")
-    return moment
+        if _in_cluster(args, command):
+            from . import plugin_cmds
+
+            if command == "plan":
+                return plugin_cmds.cmd_cluster_plan(args)
+            return plugin_cmds.cmd_cluster_rollback(args)
+    except ValueError as exc:
+        return fail(args, "usage", str(exc), 2)
+    return on_file(args)
 
 
-def _selection(args: argparse.Namespace) -> Any:
-    from ..ledger.plan import Selection
-
-    if args.entry and args.since:
-        raise ValueError("give --entry or --since, not both")
-    return Selection(entries=tuple(args.entry or ()), since=args.since)
-
-
-def _inputs(args: argparse.Namespace) -> tuple[Any, Any, Any, datetime]:
-    from ..undo.sources import load_versions, read_ledger_file
-
-    snap = read_ledger_file(args.ledger)
-    versions = load_versions(args.manifests, args.versions or (), current=args.current)
-    return snap, versions, _selection(args), _when(args)
-
-
-def _cluster_or_local(args: argparse.Namespace, command: str) -> str | None:
-    """Which form: "cluster" (ledger/NAME, kubectl plugin_cmds), else None after checking the
-    local form's required flags; a problem as an error message."""
+def _in_cluster(args: argparse.Namespace, command: str) -> bool:
+    """True for ledger/NAME; False for a ledger file once the file form's required flags are
+    there. ValueError: what is missing, or that both were given."""
     if args.target:
         if args.ledger:
             raise ValueError("give ledger/NAME or --ledger FILE, not both")
-        return "cluster"
+        return True
     missing = [f for f, v in (("--ledger FILE", args.ledger), ("-m MANIFESTS", args.manifests)) if not v]
     if missing:
         raise ValueError(f"{command} needs {' and '.join(missing)} (a local ledger), or ledger/NAME "
                          "for a ledger in the cluster")
-    return None
+    return False
 
 
-def cmd_plan(args: argparse.Namespace) -> int:
+def _plan_file(args: argparse.Namespace) -> int:
     from ..ledger.plan import PlanError, make_plan
-    from ..undo.sources import SourceError
+    from ..undo.sources import SourceError, load_versions, read_ledger_file
 
     try:
-        if _cluster_or_local(args, "plan"):
-            from .plugin_cmds import cmd_cluster_plan
-
-            return cmd_cluster_plan(args)
-    except ValueError as exc:
-        return fail(args, "usage", str(exc), 2)
-    try:
-        snap, versions, selection, moment = _inputs(args)
+        snap = read_ledger_file(args.ledger)
+        versions = load_versions(args.manifests, args.versions or (), current=args.current)
+        selection, moment = parse_selection(args), parse_now(args)
         plan = make_plan(snap.name, snap.entries, versions, now=moment, selection=selection)
     except (SourceError, PlanError, ValueError) as exc:
         return fail(args, "plan", str(exc))
-    if output_format(args) != "text":
-        emit(plan.to_json(), output_format(args))
-    else:
-        sys.stdout.write(format_plan(plan))
+    show_plan(plan, output_format(args))
     return 0
 
 
-def format_plan(plan: Any) -> str:
-    """The plan as a reviewer reads it: one row per step, why beneath, residue beneath."""
-    steps = plan.steps
-    if not steps:
-        return f"ledger {plan.ledger}: nothing selected to undo\n"
-    rows = [("#", "ENTRY", "TOOL", "ACTION", "UNDO TOOL", "APPROVAL")]
-    for i, s in enumerate(steps, 1):
-        rows.append((str(i), s.entry, s.tool, s.action, s.undo_tool or "-",
-                     "needed" if s.requires_approval else "-"))
-    widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]
-    lines = []
-    for n, row in enumerate(rows):
-        lines.append("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
-        if n:
-            s = steps[n - 1]
-            pad = " " * (widths[0] + 2)
-            lines.append(f"{pad}why: {s.reason}")
-            lines.extend(f"{pad}residue: {r}" for r in s.residue)
-    run = [s for s in steps if s.action in ("inverse", "compensate", "discard", "lookup")]
-    left = {a: sum(1 for s in steps if s.action == a) for a in ("not_undoable", "unrecoverable")}
-    residue = sum(1 for s in steps if s.residue)
-    approval = sum(1 for s in steps if s.requires_approval)
-    summary = (f"ledger {plan.ledger}: {len(run)} of {plural(len(steps), 'step')} run"
-               f"{f', {approval} need approval' if approval else ''}; left behind: "
-               f"{residue} with residue, {left['not_undoable']} not undoable, "
-               f"{left['unrecoverable']} unrecoverable")
-    return "\n".join(lines) + "\n" + summary + "\n"
-
-
-# ---- rollback ----
-
-def cmd_rollback(args: argparse.Namespace) -> int:
+def _rollback_file(args: argparse.Namespace) -> int:
     from ..ledger.plan import PlanError
     from ..ledger.store import StoreUnavailable
     from ..manifest.rewrite import parse_rewrite
@@ -131,21 +92,14 @@ def cmd_rollback(args: argparse.Namespace) -> int:
     from ..undo.sources import SourceError, load_versions
     from ..upstream.secrets import LocalSecrets
 
-    try:
-        if _cluster_or_local(args, "rollback"):
-            from .plugin_cmds import cmd_cluster_rollback
-
-            return cmd_cluster_rollback(args)
-    except ValueError as exc:
-        return fail(args, "usage", str(exc), 2)
     if args.reason or args.watch:
         return fail(args, "usage", "--reason and --watch are for a cluster ledger (ledger/NAME)", 2)
     try:
         ledger = open_ledger(args.ledger)
         rewrite = [parse_rewrite(r) for r in args.rewrite_upstream or []]
         versions = load_versions(args.manifests, args.versions or (), current=args.current, rewrite=rewrite)
-        selection = _selection(args)
-        moment = _when(args) if args.now else None
+        selection = parse_selection(args)
+        moment = parse_now(args) if args.now else None
         plan = plan_local(ledger, versions, selection, moment)
     except (SourceError, PlanError, StoreUnavailable, ValueError) as exc:
         return fail(args, "rollback", str(exc))
