@@ -3,6 +3,16 @@
 Installed as `kubectl-unwind` too: `kubectl unwind approve|deny|history|diff|status`
 decide on and inspect ToolManifest versions in a cluster (plugin_cmds.py).
 
+Where the commands are: this module builds the parser (and runs `crds`, and `completion`,
+which needs the parser whole); each family of commands registers its own in a module of
+its own: check_cmds.py (validate, check, lint, test, schema, init), registry_cmds.py and
+edit_cmds.py (keygen, manifests ...), cluster_cmds.py (operator, dev, probe,
+rotate-signing-key), gateway_cmds.py (gateway, gateway-quit), rollback_cmds.py (plan,
+rollback, undo-step, ledger) and plugin_cmds.py (approve, deny, history, diff, status, and
+plan/rollback of ledger/NAME). The helpers they use (output.py, usage.py, kubectl.py,
+plans.py, plugin_view.py, reports.py, scaffold.py, completion.py) import no command module.
+Imports go one way only: tests/cli/test_cli_layers.py fails on a cycle.
+
 Every command returns an exit code; errors are one line on stderr, never a traceback
 (``main`` turns an unexpected exception into one line too, with the option to see more
 via UNWIND_DEBUG=1).
@@ -18,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import __version__
-from . import check_cmds, completion, usage
+from . import check_cmds, usage
 from .check_cmds import cmd_validate as cmd_validate  # kept importable from here
 
 
@@ -28,6 +38,13 @@ def cmd_crds(args: argparse.Namespace) -> int:
     outs = [Path(p) for p in (args.out or ["crds", "charts/unwind/crds"])]
     for path in write_crds(outs):
         print(f"wrote {path}")
+    return 0
+
+
+def cmd_completion(args: argparse.Namespace) -> int:
+    from .completion import bash_script
+
+    print(bash_script(build_parser()), end="")
     return 0
 
 
@@ -51,7 +68,11 @@ def build_parser(command: str | None = None, plugin: bool = False) -> argparse.A
     parser.add_argument("--version", action="version", version=f"unwind {__version__}")
     sub: Any = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     check_cmds.register(sub)
-    completion.register(sub)
+
+    p = sub.add_parser("completion", help="print a shell completion script (bash)",
+                       description="Print a bash completion script: source <(unwind completion bash)")
+    p.add_argument("shell", choices=["bash"])
+    p.set_defaults(func=cmd_completion)
 
     p = sub.add_parser("crds", help="write the CRDs generated from the models")
     p.add_argument("--out", action="append", help="output folder (repeatable; default crds/ and "
