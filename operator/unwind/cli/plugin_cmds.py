@@ -19,10 +19,8 @@ import json
 import secrets
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
-
-import yaml
 
 from .. import API_GROUP, API_VERSION
 from ..bundle import BUNDLE_NAME
@@ -32,7 +30,7 @@ from ..operator.reconcile import Reason
 from ..operator.undojob import label_value
 from . import plugin_view as view
 from .kubectl import Kubectl, KubectlError, add_kube_flags
-from .output import output_format
+from .output import emit, output_format
 from .plans import format_plan, parse_now, parse_selection, show_plan
 from .plugin_view import Target, UsageError
 
@@ -57,13 +55,6 @@ def _guarded(error_code: int = 1) -> Callable[[Callable[[argparse.Namespace], in
                 return error_code
         return run
     return wrap
-
-
-def _emit(value: Any, output: str) -> None:
-    if output == "yaml":
-        sys.stdout.write(yaml.safe_dump(value, sort_keys=False, allow_unicode=True))
-    else:
-        print(json.dumps(value, indent=2, ensure_ascii=False))
 
 
 def _note(text: str) -> None:
@@ -203,7 +194,7 @@ def _decide_manifest(k: Kubectl, target: Target, decision: str, args: argparse.N
         if not ok:
             print(f"error: {why}", file=sys.stderr)
     if args.output:
-        _emit(_result(created, summary, condition), args.output)
+        emit(_result(created, summary, condition), args.output)
     return 0 if ok else 1
 
 
@@ -251,7 +242,7 @@ def _decide_entry(k: Kubectl, target: Target, decision: str, args: argparse.Name
     created = _create(k, _approval_body(spec), lambda: view.approval_name(
         target.name, decision, args.entry, secrets.token_hex(4)))
     if args.output:
-        _emit(_result(created, {"effectLedger": target.name, "entry": args.entry}), args.output)
+        emit(_result(created, {"effectLedger": target.name, "entry": args.entry}), args.output)
         return 0
     name, who = view.meta(created).get("name"), view.annotations_of(created).get(APPROVER.user, "?")
     _note_already_decided(k, created, f"entry {args.entry} of {target}")
@@ -302,12 +293,8 @@ def cmd_history(args: argparse.Namespace) -> int:
     k = Kubectl.from_args(args)
     obj = _read(k, target)
     rows = view.history(obj, _revisions(k, obj), _approvals(k), _enforced(k, obj))
-    if args.output:
-        _emit([r.to_json() for r in rows], args.output)
-    elif not rows:
-        print(f"{target} has no versions yet: no valid spec has been recorded", file=sys.stderr)
-    else:
-        print(view.table(view.HISTORY_HEADERS, (r.cells() for r in rows)))
+    _print_rows(rows, view.HISTORY_HEADERS, f"{target} has no versions yet: no valid spec has "
+                "been recorded", args.output)
     return 0
 
 
@@ -325,7 +312,7 @@ def cmd_diff(args: argparse.Namespace) -> int:
 
     text = view.diff_text(label(a, ra), view.revision_data(ra), label(b, rb), view.revision_data(rb))
     if args.output:
-        _emit({"a": {"version": a, "manifest": view.revision_data(ra)},
+        emit({"a": {"version": a, "manifest": view.revision_data(ra)},
                "b": {"version": b, "manifest": view.revision_data(rb)},
                "equal": not text, "diff": text}, args.output)
     else:
@@ -346,18 +333,25 @@ def cmd_status(args: argparse.Namespace) -> int:
         target = view.parse_target(args.target, ("ToolManifest",))
         detail = view.Detail(_read(k, target), approvals)
         if args.output:
-            _emit(detail.to_json(), args.output)
+            emit(detail.to_json(), args.output)
         else:
             print(detail.text())
         return 0
     rows = view.summaries(k.items(f"toolmanifests.{API_GROUP}"), approvals)
-    if args.output:
-        _emit([r.to_json() for r in rows], args.output)
-    elif not rows:
-        print(f"No ToolManifests in {k.where}.", file=sys.stderr)
-    else:
-        print(view.table(view.NAMESPACE_HEADERS, (r.cells() for r in rows)))
+    _print_rows(rows, view.NAMESPACE_HEADERS, f"No ToolManifests in {k.where}.", args.output)
     return 0
+
+
+def _print_rows(rows: Sequence[view.VersionRow | view.Summary], headers: Sequence[str],
+                empty: str, output: str | None) -> None:
+    """A listing: one document for -o json|yaml, else a table; ``empty`` on stderr when
+    there is no row."""
+    if output:
+        emit([r.to_json() for r in rows], output)
+    elif not rows:
+        print(empty, file=sys.stderr)
+    else:
+        print(view.table(headers, (r.cells() for r in rows)))
 
 
 # ---- plan / rollback (ledger/NAME: the cluster form of `unwind plan|rollback`) ---------
