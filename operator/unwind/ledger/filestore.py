@@ -58,6 +58,7 @@ import json
 import logging
 import os
 import secrets
+import time
 import uuid
 import zlib
 from collections.abc import Callable, Iterator
@@ -85,6 +86,7 @@ from .store import (
 PAGE_BYTES = 256 << 10
 FOLD_BYTES = 256 << 10
 QUIET_SECONDS = 0.5
+FAST_SYNC = 0.001  # seconds
 LOCKS = ".locks"
 log = logging.getLogger(__name__)
 Stat = tuple[int, int, int]  # (inode, mtime_ns, size) of a file as last read or written
@@ -544,6 +546,10 @@ class FileStore:
         self.page_bytes, self.fold_bytes, self.quiet_seconds = page_bytes, fold_bytes, quiet_seconds
         check_writable(self.root)
         self.fsyncs = 0  # since start: the benchmark and /metrics read it
+        # How long a journal sync takes (a moving average): a disk that syncs faster than a
+        # worker thread is woken is synced from the event loop, a slower one from a thread,
+        # so that a slow disk never stalls the other calls.
+        self.sync_seconds = 1.0
         self._runs: dict[str, _Run] = {}
         self._queued: dict[str, list[tuple[Op, asyncio.Future[Any]]]] = {}
         self._draining: set[str] = set()
@@ -665,7 +671,7 @@ class FileStore:
         event loop and their records are appended from it (an append without fsync takes
         microseconds); only an fsync goes to a thread. None: not here, use ``_apply``."""
         state = self._runs.get(run)
-        if state is None or _fold in ops or state.offset >= self.fold_bytes // 2:
+        if state is None or _fold in ops:
             return None
         try:
             fd = os.open(state.lock_file, os.O_RDWR)
@@ -680,7 +686,7 @@ class FileStore:
                 return None
             batch, results = self._run_ops(state, ops, False)
             try:
-                if batch.durable or batch.fold:
+                if self._folds(state, batch) or (batch.durable and self.sync_seconds > FAST_SYNC):
                     await asyncio.to_thread(self._persist, state, batch)
                 else:
                     self._persist(state, batch)
@@ -800,10 +806,12 @@ class FileStore:
                                        f"{exc.strerror or exc}") from None
         state.offset, state.journal = end, _stat(st)
 
+    def _folds(self, state: _Run, batch: _Batch) -> bool:
+        return batch.fold or state.offset + sum(len(t) + 10 for t in batch.records) >= self.fold_bytes
+
     def _persist(self, state: _Run, batch: _Batch) -> None:
         try:
-            size = sum(len(t) + 10 for t in batch.records)
-            if batch.fold or state.offset + size >= self.fold_bytes:
+            if self._folds(state, batch):
                 self._fold(state)
             elif batch.records:
                 self._append(state, batch.records, sync=batch.durable)
@@ -817,8 +825,10 @@ class FileStore:
         try:
             _write_all(fd, b"".join(record(t) for t in texts))
             if sync or created:
+                started = time.perf_counter()
                 os.fdatasync(fd)  # the data and the size: what a later read needs
                 self.fsyncs += 1
+                self.sync_seconds += (time.perf_counter() - started - self.sync_seconds) / 5
             st = os.fstat(fd)
         finally:
             os.close(fd)
