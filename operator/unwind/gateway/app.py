@@ -4,14 +4,13 @@ Every request first passes one Host/Origin/Content-Type policy (trust.py)."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import gc
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
-from mcp.server.streamable_http_manager import StreamableHTTPASGIApp, StreamableHTTPSessionManager
-from mcp.server.transport_security import TransportSecuritySettings
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.routing import Route
@@ -19,7 +18,6 @@ from starlette.routing import Route
 from ..upstream.limits import MAX_BODY
 from . import rest
 from .enforce import Gateway
-from .mcp_server import build_server
 from .quit import Quit
 from .trust import Policy, Trust
 
@@ -35,12 +33,7 @@ def build_app(gateway: Gateway, *, default_run: str | None = None, host: str = "
     effect report as a last text block too. ``policy``
     (default: loopback, ``host`` and ``UNWIND_ALLOWED_HOSTS``) decides which Host and Origin
     every route answers."""
-    server = build_server(gateway, default_run, report_in_content)
-    # The SDK's own Host/Origin check is off: Trust applies the one policy to every route.
-    security = TransportSecuritySettings(enable_dns_rebinding_protection=False)
-    sessions = StreamableHTTPSessionManager(app=server, stateless=True, json_response=True,
-                                            security_settings=security,
-                                            max_request_body_size=MAX_BODY)
+    door = McpDoor(gateway, default_run, report_in_content)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: Any) -> AsyncIterator[None]:
@@ -53,7 +46,7 @@ def build_app(gateway: Gateway, *, default_run: str | None = None, host: str = "
         # What startup built (the modules, the catalogue) lives as long as the server: frozen,
         # the collector's full passes skip it (they walked all of it every few thousand calls).
         gc.freeze()
-        async with sessions.run():
+        async with door.running():
             try:
                 yield
             finally:
@@ -68,10 +61,67 @@ def build_app(gateway: Gateway, *, default_run: str | None = None, host: str = "
         middleware.append(Middleware(Quit, stop=stop))
     # A Route, not a Mount: /mcp itself answers (a Mount answers only under /mcp/, and the
     # 307 from /mcp to /mcp/ is more than one client SDK follows); /mcp/ answers too.
-    mcp_app = StreamableHTTPASGIApp(sessions)
     return Starlette(routes=[*rest.routes(gateway, default_run),
-                             Route("/mcp", mcp_app), Route("/mcp/", mcp_app)],
+                             Route("/mcp", door), Route("/mcp/", door)],
                      lifespan=lifespan, middleware=middleware)
+
+
+class McpDoor:
+    """``/mcp``, built on its first request: the MCP SDK takes about 27 MB of the sidecar's
+    memory, which a gateway whose agent speaks only REST never needs. The SDK's session
+    manager runs in a task of its own from then until the server stops."""
+
+    def __init__(self, gateway: Gateway, default_run: str | None,
+                 report_in_content: bool | None) -> None:
+        self.gateway, self.default_run, self.report_in_content = (gateway, default_run,
+                                                                 report_in_content)
+        self.app: Any = None
+
+    @contextlib.asynccontextmanager
+    async def running(self) -> AsyncIterator[None]:
+        self._wanted, self._stopping = asyncio.Event(), asyncio.Event()
+        self._ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        task = asyncio.create_task(self._serve())
+        try:
+            yield
+        finally:
+            self._stopping.set()
+            self._wanted.set()
+            await task
+
+    async def _serve(self) -> None:
+        await self._wanted.wait()
+        if self._stopping.is_set():
+            return
+        try:
+            from mcp.server.streamable_http_manager import (
+                StreamableHTTPASGIApp,
+                StreamableHTTPSessionManager,
+            )
+            from mcp.server.transport_security import TransportSecuritySettings
+
+            from .mcp_server import build_server
+
+            server = build_server(self.gateway, self.default_run, self.report_in_content)
+            # The SDK's own Host/Origin check is off: Trust applies one policy to every route.
+            security = TransportSecuritySettings(enable_dns_rebinding_protection=False)
+            sessions = StreamableHTTPSessionManager(app=server, stateless=True, json_response=True,
+                                                    security_settings=security,
+                                                    max_request_body_size=MAX_BODY)
+            async with sessions.run():
+                self.app = StreamableHTTPASGIApp(sessions)
+                self._ready.set_result(None)
+                await self._stopping.wait()
+        except Exception as exc:
+            log.exception("the MCP endpoint could not start")
+            if not self._ready.done():
+                self._ready.set_exception(exc)
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if self.app is None:
+            self._wanted.set()
+            await asyncio.shield(self._ready)
+        await self.app(scope, receive, send)
 
 
 async def learn_schemas(gateway: Gateway) -> None:
