@@ -165,6 +165,21 @@ def test_a_pending_entry_is_treated_as_uncertain() -> None:
     assert plan([entry("ch", "charge", 1, "pending", key="c-o1")]) == [("ch", "lookup")]
 
 
+def test_a_pending_duplicate_of_a_call_that_kept_its_key_is_skipped_not_looked_up() -> None:
+    # A cluster gateway writes a keyed call's pending entry while it creates the key's Lease;
+    # killed after losing the Lease to "won", the loser stays pending: its lookup would find
+    # the winner's charge, and a rollback would refund it twice.
+    won = entry("won", "charge", 1, key="c-o1", result={"id": "ch_1"})
+    lost = entry("lost", "charge", 2, "pending", key="c-o1")
+    assert dict(plan([won, lost]))["lost"] == "skip"
+    assert "entry won held its idempotency key 'c-o1'" in step([won, lost], "lost")["reason"]
+    # a key given back (undone, failed) may be taken again: then the pending call may have run
+    freed = won.model_copy(update={"state": "undone"})
+    assert dict(plan([freed, lost]))["lost"] == "lookup"
+    other = entry("other", "charge", 1, key="c-o2", result={"id": "ch_2"})
+    assert dict(plan([other, lost]))["lost"] == "lookup"
+
+
 def test_failed_undone_refused_denied_and_waiting_entries_are_skipped() -> None:
     states = ["failed", "undone", "refused", "denied", "awaiting_approval"]
     entries = [entry(s, "charge", i, s) for i, s in enumerate(states)]

@@ -155,9 +155,35 @@ def make_plan(ledger: str, entries: Sequence[Entry], versions: Versions, *,
         raise PlanError(_missing_versions(missing, versions))
     refs = _Refs()
     steps = {e.id: plan_entry(e, versions, now, refs) for e in chosen}
+    for e in chosen:  # an unknown entry whose key another entry held all along never ran
+        holder = _held_by_another(e, ordered)
+        if holder is not None and steps[e.id].action == "lookup":
+            steps[e.id] = _report(e, "skip", f"entry {holder.id} held its idempotency key "
+                                  f"{e.key!r} ({holder.state}): this call was refused as a "
+                                  "duplicate before anything was sent (the gateway stopped "
+                                  "before it recorded the refusal)")
     lookups = [steps[e.id] for e in reversed(chosen) if steps[e.id].action == "lookup"]
     rest = [e for e in _undo_order(chosen, versions) if steps[e.id].action != "lookup"]
     return Plan(ledger, tuple(lookups + [steps[e.id] for e in rest]))
+
+
+# An entry in one of these states took its key's lock and kept it: no other call with the
+# same key could take the lock meanwhile (a lock is broken only when its entry is missing or
+# no longer holds the key).
+_KEPT_KEY = frozenset({"succeeded", "undoing", "undo_failed"})
+
+
+def _held_by_another(entry: Entry, entries: Sequence[Entry]) -> Entry | None:
+    """For a ``pending`` entry with a key: another entry of the ledger that holds the same
+    lock (tool, key, scope) with a known effect. A cluster gateway writes a keyed call's
+    pending entry while it creates the key's Lease; one that loses to a standing call turns
+    its entry ``refused``, and one killed in between leaves it ``pending``, though it never
+    called the upstream. Its lookup would find the holder's effect, and undo it twice."""
+    if entry.state != "pending" or entry.key is None:
+        return None
+    return next((e for e in entries if e.id != entry.id and e.key == entry.key
+                 and e.tool == entry.tool and e.scope == entry.scope and e.state in _KEPT_KEY),
+                None)
 
 
 def plan_entry(entry: Entry, versions: Versions, now: datetime, refs: _Refs | None = None) -> Step:
