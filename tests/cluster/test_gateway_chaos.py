@@ -18,11 +18,11 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
-import httpx2
 import pytest
 from gateway_fixtures import ClusterGateway, prepare_namespace, start_cluster_gateway
 from kubernetes import client
 
+from gateway.chaos import check_nothing_lost, comment_until_stopped
 from gateway.conftest import UpstreamProc, running_upstream
 from unwind.controlplane import ControlPlane
 from unwind.controlplane.dev import OperatorProcess
@@ -48,19 +48,6 @@ def agent_ns(operator: OperatorProcess, k8s_api: client.ApiClient, control_plane
         core.delete_namespace(name)
 
 
-def _client(gw: ClusterGateway, name: str, answered: dict[str, int], stop: threading.Event) -> None:
-    n = 0
-    while not stop.is_set():
-        eid = f"{name}-{n}"
-        n += 1
-        try:
-            r = gw.call("github.create_comment", {"repo": "octo/hello", "issue": 1, "body": eid,
-                                                  "client_id": eid}, run="chaos", key=eid)
-        except httpx2.HTTPError:
-            return  # the gateway is gone
-        answered[eid] = r.status_code
-
-
 def test_a_cluster_gateway_killed_at_random_moments_loses_no_entry_and_calls_nothing_unwritten(
         agent_ns: tuple[str, str], control_plane: ControlPlane, k8s_api: client.ApiClient,
         upstream: UpstreamProc, tmp_path_factory: pytest.TempPathFactory) -> None:
@@ -77,7 +64,7 @@ def test_a_cluster_gateway_killed_at_random_moments_loses_no_entry_and_calls_not
     for round_ in range(ROUNDS):
         gw = start_cluster_gateway(control_plane, k8s_api, namespace, token, work)
         halt = threading.Event()
-        clients = [threading.Thread(target=_client, args=(gw, f"r{round_}-c{c}", answered, halt))
+        clients = [threading.Thread(target=comment_until_stopped, args=(gw, f"r{round_}-c{c}", answered, halt))
                    for c in range(10)]
         for t in clients:
             t.start()
@@ -90,22 +77,4 @@ def test_a_cluster_gateway_killed_at_random_moments_loses_no_entry_and_calls_not
     assert gw is not None
     pages = sorted(gw.pages("chaos"), key=lambda p: int(p["spec"]["page"]))
     entries: list[dict[str, Any]] = [e for p in pages for e in (p.get("status") or {}).get("entries", [])]
-    by_id = {e["id"]: e for e in entries}
-    assert len(by_id) == len(entries), "an id stored twice"
-    assert sorted(e["seq"] for e in entries) == list(range(1, len(entries) + 1))
-    seen = [r for r in upstream.admin("requests")["requests"] if r["route"] == "comments.create"]
-    assert len(seen) > 20, f"too few calls reached the upstream to prove anything ({len(seen)})"
-    for request in seen:
-        eid = request["arguments"]["body"]
-        written = {e["id"]: e["state"] for e in request["ledger"] if e["ledger"].startswith("chaos")}
-        assert written.get(eid) == "pending", f"{eid} reached the upstream unwritten"
-        assert eid in by_id, f"{eid} reached the upstream and its entry was lost"
-        assert by_id[eid]["state"] in ("pending", "succeeded"), by_id[eid]
-    ok = [eid for eid, status in answered.items() if status == 200]
-    assert ok, "no call was answered 200"
-    assert all(by_id[eid]["state"] == "succeeded" for eid in ok)
-    assert len(seen) == len({r["arguments"]["body"] for r in seen}), "a call ran twice"
-    # an entry no upstream call matches never ran: it is refused (its key was not taken) or
-    # pending (killed before it was called), never succeeded
-    ran = {r["arguments"]["body"] for r in seen}
-    assert all(e["state"] in ("pending", "refused", "failed") for e in entries if e["id"] not in ran)
+    check_nothing_lost(entries, upstream.admin("requests")["requests"], answered)
