@@ -121,6 +121,8 @@ def test_deleting_a_controllerrevision_neither_drops_the_last_good_version_nor_r
 def test_a_tool_deleted_and_recreated_does_not_go_back_to_version_1(
         operator: OperatorProcess, kubeconfig: Path, k8s_api: client.ApiClient, namespace: str) -> None:
     apply(kubeconfig, namespace, tm("plain", READ))
+    # versioned before it changes: an edit the operator sees first is version 1 itself
+    wait_for("v1", lambda: enforced(k8s_api, namespace) == {"shop.get_order": 1})
     apply(kubeconfig, namespace, tm("plain", {**READ, "description": "v2"}))
     wait_for("v2", lambda: enforced(k8s_api, namespace) == {"shop.get_order": 2})
     kubectl(kubeconfig, "-n", namespace, "delete", "tm", "plain")

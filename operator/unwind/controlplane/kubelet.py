@@ -249,8 +249,8 @@ class PodRunner:
 
     def stop(self, report: bool = True, sidecars: frozenset[str] = frozenset(),
              keep_logs: Path | None = None) -> PodResult | None:
-        """Stop every container still running (SIGTERM, then SIGKILL), report, clean up
-        (each container's output copied to ``keep_logs/CONTAINER.log`` first)."""
+        """Stop every container still running (SIGTERM, then SIGKILL), keep each container's
+        output in ``keep_logs/CONTAINER.log``, report, clean up."""
         self._stop.set()
         for proc in self.procs.values():
             if proc.poll() is None:
@@ -261,14 +261,15 @@ class PodRunner:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait(5)
+        # The logs are kept before the phase is reported: whoever waits for the phase reads them.
+        if keep_logs is not None:
+            keep_logs.mkdir(parents=True, exist_ok=True)
+            for container, log in self.logs.items():
+                with contextlib.suppress(OSError):
+                    shutil.copyfile(log, keep_logs / f"{container}.log")
         try:
             return self.report(sidecars) if report else None
         finally:
-            if keep_logs is not None:
-                keep_logs.mkdir(parents=True, exist_ok=True)
-                for container, log in self.logs.items():
-                    with contextlib.suppress(OSError):
-                        shutil.copyfile(log, keep_logs / f"{container}.log")
             shutil.rmtree(self.root, ignore_errors=True)
 
     def _patch_running(self) -> None:
