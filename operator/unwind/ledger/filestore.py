@@ -96,8 +96,9 @@ class LedgerDirError(Exception):
     """The ledger folder cannot be used; the message says why and what to do."""
 
 
-def check_writable(root: Path) -> None:
-    """Create the folder if needed and prove a file can be written, synced and removed."""
+def check_writable(root: Path) -> float:
+    """Create the folder if needed and prove a file can be written, synced and removed; the
+    seconds the sync took."""
     try:
         root.mkdir(parents=True, exist_ok=True)
         (root / LOCKS).mkdir(exist_ok=True)
@@ -105,7 +106,9 @@ def check_writable(root: Path) -> None:
         fd = os.open(probe, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
         try:
             os.write(fd, b"ok")
+            started = time.perf_counter()
             os.fsync(fd)
+            return time.perf_counter() - started
         finally:
             os.close(fd)
             probe.unlink(missing_ok=True)
@@ -544,12 +547,11 @@ class FileStore:
                  fold_bytes: int = FOLD_BYTES, quiet_seconds: float = QUIET_SECONDS) -> None:
         self.root = Path(root)
         self.page_bytes, self.fold_bytes, self.quiet_seconds = page_bytes, fold_bytes, quiet_seconds
-        check_writable(self.root)
+        # How long a journal sync takes (a moving average, from the folder's probe on): a
+        # disk that syncs faster than a worker thread is woken is synced from the event loop,
+        # a slower one from a thread, so that a slow disk never stalls the other calls.
+        self.sync_seconds = check_writable(self.root)
         self.fsyncs = 0  # since start: the benchmark and /metrics read it
-        # How long a journal sync takes (a moving average): a disk that syncs faster than a
-        # worker thread is woken is synced from the event loop, a slower one from a thread,
-        # so that a slow disk never stalls the other calls.
-        self.sync_seconds = 1.0
         self._runs: dict[str, _Run] = {}
         self._queued: dict[str, list[tuple[Op, asyncio.Future[Any]]]] = {}
         self._draining: set[str] = set()
