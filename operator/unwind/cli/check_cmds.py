@@ -436,7 +436,8 @@ def register_scaffold(sub: Any) -> None:
 
 # ---- wiring ----------------------------------------------------------------------------------
 
-def _inputs(p: argparse.ArgumentParser) -> None:
+def add_input_args(p: argparse.ArgumentParser) -> None:
+    """The flags every command that reads manifests takes (the checks here, the registry's)."""
     p.add_argument("-n", "--namespace", metavar="NS",
                    help="namespace of ToolManifest resources that name none (default: default, "
                    "as kubectl without a context namespace); bare manifests form a set of their own")
@@ -452,7 +453,7 @@ def register(sub: Any) -> None:
                            "set) and check every other file found as what it is. PATHS are files "
                            "or folders; - reads standard input.")
         p.add_argument("paths", nargs="+", metavar="PATH", help="YAML/JSON files or folders, or -")
-        _inputs(p)
+        add_input_args(p)
         add_output_flags(p)
         p.set_defaults(func=cmd_validate)
 
@@ -470,7 +471,7 @@ def register(sub: Any) -> None:
     p.add_argument("--upstream-url", action="append", metavar="URL",
                    help="an MCP server's URL: its live tools/list judges the manifests whose "
                    "upstream.mcp.url is that URL (repeatable)")
-    _inputs(p)
+    add_input_args(p)
     add_output_flags(p, extra=("junit", "sarif"))
     p.set_defaults(func=cmd_lint)
 
@@ -480,7 +481,7 @@ def register(sub: Any) -> None:
     p.add_argument("files", nargs="*", metavar="FILE", help="test files or folders (default tests/contracts)")
     p.add_argument("-m", "--manifests", nargs="+", default=["manifests"], metavar="PATH",
                    help="manifest files or folders, or - (default manifests)")
-    _inputs(p)
+    add_input_args(p)
     add_output_flags(p, extra=("junit", "sarif"))
     p.set_defaults(func=cmd_test)
 

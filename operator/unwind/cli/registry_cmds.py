@@ -41,7 +41,7 @@ from ..registry.config import signing_key_path
 from ..registry.index import format_time
 from ..registry.records import IndexEntry
 from ..registry.storage import Storage
-from .check_cmds import _inputs, cmd_validate, register_scaffold
+from .check_cmds import add_input_args, cmd_validate, register_scaffold
 from .output import add_output_flags, emit, fail, machine, output_format, plural, table
 
 Handler = Callable[[argparse.Namespace], int]
@@ -423,7 +423,7 @@ def register_manifests(subparsers: Any) -> None:
                               description="Validate manifest files (the same check as `unwind "
                               "validate`).")
     p.add_argument("paths", nargs="+", metavar="PATH")
-    _inputs(p)
+    add_input_args(p)
     add_output_flags(p)
     p.set_defaults(func=cmd_validate)  # the same check as `unwind validate`
     register_scaffold(subparsers)
