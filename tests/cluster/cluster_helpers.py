@@ -66,7 +66,9 @@ def bundle(api: client.ApiClient, namespace: str) -> dict[str, dict[str, str]]:
 
 
 def trust(api: client.ApiClient) -> TrustStore:
-    cm = client.CoreV1Api(api).read_namespaced_config_map("unwind-trust", OPERATOR_NAMESPACE)
+    """The operator's public keys (it publishes them a moment after it starts)."""
+    cm = wait_for("the operator's unwind-trust ConfigMap", lambda: client.CoreV1Api(
+        api).read_namespaced_config_map("unwind-trust", OPERATOR_NAMESPACE), timeout=60)
     return TrustStore.from_pem_text("\n".join(cm.data.values()))
 
 
