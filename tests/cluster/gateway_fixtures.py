@@ -19,6 +19,9 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -71,6 +74,20 @@ def service_account_token(api: client.ApiClient, namespace: str, name: str,
                 return base64.b64decode(secret.data["token"]).decode()
         return None
     return str(wait_for(f"a token for ServiceAccount {namespace}/{name}", token, timeout))
+
+
+@contextmanager
+def agent_namespace(api: client.ApiClient, cp: ControlPlane, prefix: str,
+                    upstream_url: str) -> Iterator[tuple[str, str]]:
+    """A namespace of its own with the examples published, deleted afterwards;
+    (namespace, agent token)."""
+    core = client.CoreV1Api(api)
+    name = f"{prefix}-{uuid.uuid4().hex[:8]}"
+    core.create_namespace({"metadata": {"name": name}})
+    try:
+        yield name, prepare_namespace(api, cp.kubeconfig, name, upstream_url)
+    finally:
+        core.delete_namespace(name)
 
 
 def prepare_namespace(api: client.ApiClient, kubeconfig: Path, namespace: str,

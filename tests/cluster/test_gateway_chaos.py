@@ -14,12 +14,15 @@ from __future__ import annotations
 import random
 import threading
 import time
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from gateway_fixtures import ClusterGateway, prepare_namespace, start_cluster_gateway
+from gateway_fixtures import (
+    ClusterGateway,
+    agent_namespace,
+    start_cluster_gateway,
+)
 from kubernetes import client
 
 from gateway.chaos import check_nothing_lost, comment_until_stopped
@@ -39,13 +42,8 @@ def upstream(tmp_path_factory: pytest.TempPathFactory) -> Iterator[UpstreamProc]
 @pytest.fixture(scope="module")
 def agent_ns(operator: OperatorProcess, k8s_api: client.ApiClient, control_plane: ControlPlane,
              upstream: UpstreamProc) -> Iterator[tuple[str, str]]:
-    core = client.CoreV1Api(k8s_api)
-    name = f"chaos-{uuid.uuid4().hex[:8]}"
-    core.create_namespace({"metadata": {"name": name}})
-    try:
-        yield name, prepare_namespace(k8s_api, control_plane.kubeconfig, name, upstream.url)
-    finally:
-        core.delete_namespace(name)
+    with agent_namespace(k8s_api, control_plane, "chaos", upstream.url) as made:
+        yield made
 
 
 def test_a_cluster_gateway_killed_at_random_moments_loses_no_entry_and_calls_nothing_unwritten(

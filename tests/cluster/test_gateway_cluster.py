@@ -26,7 +26,7 @@ from cluster_helpers import apply, bundle, tm, wait_for
 from gateway_fixtures import (
     ClusterGateway,
     TcpProxy,
-    prepare_namespace,
+    agent_namespace,
     service_account_token,
     start_cluster_gateway,
 )
@@ -62,13 +62,8 @@ def fresh_upstream(upstream: UpstreamProc) -> None:
 def agent_ns(operator: OperatorProcess, k8s_api: client.ApiClient, control_plane: ControlPlane,
              upstream: UpstreamProc) -> Iterator[tuple[str, str]]:
     """A namespace of its own with the examples published; (namespace, agent token)."""
-    core = client.CoreV1Api(k8s_api)
-    name = f"gw-{uuid.uuid4().hex[:8]}"
-    core.create_namespace({"metadata": {"name": name}})
-    try:
-        yield name, prepare_namespace(k8s_api, control_plane.kubeconfig, name, upstream.url)
-    finally:
-        core.delete_namespace(name)
+    with agent_namespace(k8s_api, control_plane, "gw", upstream.url) as made:
+        yield made
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,11 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx2
 import pytest
-from gateway_fixtures import ClusterGateway, prepare_namespace, start_cluster_gateway
+from gateway_fixtures import (
+    ClusterGateway,
+    agent_namespace,
+    start_cluster_gateway,
+)
 from kubernetes import client
 
 from gateway.conftest import UpstreamProc, running_upstream, stop
@@ -30,13 +34,8 @@ def upstream(tmp_path_factory: pytest.TempPathFactory) -> Iterator[UpstreamProc]
 @pytest.fixture(scope="module")
 def agent_ns(operator: OperatorProcess, k8s_api: client.ApiClient, control_plane: ControlPlane,
              upstream: UpstreamProc) -> Iterator[tuple[str, str]]:
-    core = client.CoreV1Api(k8s_api)
-    name = f"own-{uuid.uuid4().hex[:8]}"
-    core.create_namespace({"metadata": {"name": name}})
-    try:
-        yield name, prepare_namespace(k8s_api, control_plane.kubeconfig, name, upstream.url)
-    finally:
-        core.delete_namespace(name)
+    with agent_namespace(k8s_api, control_plane, "own", upstream.url) as made:
+        yield made
 
 
 @pytest.fixture(scope="module")
