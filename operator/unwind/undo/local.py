@@ -93,11 +93,15 @@ def plan_local(ledger: LocalLedger, versions: Versions, selection: Selection,
 
 async def execute(ledger: LocalLedger, plan: Plan, versions: Versions, selection: Selection, *,
                   by: str, secrets: Secrets, report: Report, sleep: Sleep | None = None,
-                  clock: Callable[[], datetime] = now, moment: datetime | None = None) -> Summary:
+                  clock: Callable[[], datetime] = now, moment: datetime | None = None,
+                  upstream: Upstream | None = None) -> Summary:
     """Run ``plan`` (shown to and confirmed by ``by``; made as of ``moment``, default now)
-    and record every outcome."""
+    and record every outcome. ``upstream``: the client the steps call through (default:
+    one of its own, closed at the end; the simulation in tests/sim gives its fake)."""
     summary = Summary()
-    upstream = Upstream(commands=True)  # a local rollback starts a stdio MCP server as the gateway did
+    own = upstream is None
+    if upstream is None:  # a local rollback starts a stdio MCP server as the gateway did
+        upstream = Upstream(commands=True)
     extra: dict[str, Any] = {"sleep": sleep} if sleep is not None else {}
     _freeze(ledger, plan, selection, by, clock, None)
 
@@ -128,7 +132,8 @@ async def execute(ledger: LocalLedger, plan: Plan, versions: Versions, selection
                 return summary
         return summary
     finally:
-        await upstream.aclose()
+        if own:
+            await upstream.aclose()
         _freeze(ledger, plan, selection, by, clock, summary)
 
 
