@@ -5,7 +5,8 @@
 # the node's binaries (kube-apiserver, kube-controller-manager, kubelet, kube-scheduler,
 # kube-proxy) built from Debian's source package; and the project's image and a pause image
 # built with buildah. Everything built is cached in ~/.cache/unwind, keyed by its inputs,
-# so a machine that built it once goes fast. Safe to run again.
+# so a machine that built it once goes fast. The npm MCP servers the tests run against
+# (tests/gateway/installs.py PREFETCH) go to ~/.cache/unwind-tests, once. Safe to run again.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
@@ -22,6 +23,7 @@ fi
 # The images beside the binaries: debootstrap mostly waits on downloads while make compiles.
 # The build installs the Debian packages both need first (buildah and debootstrap included).
 .venv/bin/python -m unwind.controlplane.build --packages-only
+.venv/bin/python -m tests.gateway.installs
 .venv/bin/python -m unwind.controlplane.image &
 images=$!
 .venv/bin/python -m unwind.controlplane.build

@@ -3,7 +3,8 @@ upstream (``upstream.mcp.command``), or serves over streamable HTTP for the pool
 
 Tools: ``echo``; ``remember``/``recall``/``forget`` (a dict in the process: a restart forgets
 it, which is how a test sees a new process); ``pid`` (which process answered); ``crash``
-(the process exits at once, after printing a line to stderr).
+(the process exits at once, after printing a line to stderr); ``slow`` (reports progress and
+a log message at each step, and says on stderr when it finishes or is cancelled).
 
     python -m tests.upstream.mcp_stdio_server                      # stdio
     python -m tests.upstream.mcp_stdio_server --port 8790 --stateful   # HTTP, Mcp-Session-Id
@@ -12,11 +13,12 @@ it, which is how a test sees a new process); ``pid`` (which process answered); `
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
 import sys
 from typing import Any
 
-from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver import Context, MCPServer
 
 server = MCPServer("unwind-test-stdio")
 memory: dict[str, str] = {}
@@ -58,6 +60,21 @@ def crash() -> dict[str, Any]:
     """Exit the process at once (a server that dies mid-call)."""
     print("crashing on purpose", file=sys.stderr, flush=True)
     os._exit(3)
+
+
+@server.tool()
+async def slow(steps: int, ctx: Context, step_s: float = 0.2, tag: str = "") -> dict[str, Any]:
+    """Count to ``steps``, one step every ``step_s`` seconds, reporting progress and logging."""
+    try:
+        for i in range(1, steps + 1):
+            await asyncio.sleep(step_s)
+            await ctx.report_progress(i, steps, f"step {i} of {steps}")
+            await ctx.info(f"slow {tag} reached step {i}")
+    except asyncio.CancelledError:
+        print(f"slow {tag} was cancelled", file=sys.stderr, flush=True)
+        raise
+    print(f"slow {tag} finished", file=sys.stderr, flush=True)
+    return {"steps": steps, "tag": tag}
 
 
 def main() -> None:

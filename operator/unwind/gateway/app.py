@@ -101,15 +101,22 @@ class McpDoor:
             from mcp.server.transport_security import TransportSecuritySettings
 
             from .mcp_server import build_server
+            from .mcp_stream import InFlight, StreamingDoor
 
-            server = build_server(self.gateway, self.default_run, self.report_in_content)
+            inflight = InFlight()
+            server = build_server(self.gateway, self.default_run, self.report_in_content,
+                                  inflight)
             # The SDK's own Host/Origin check is off: Trust applies one policy to every route.
             security = TransportSecuritySettings(enable_dns_rebinding_protection=False)
-            sessions = StreamableHTTPSessionManager(app=server, stateless=True, json_response=True,
-                                                    security_settings=security,
-                                                    max_request_body_size=MAX_BODY)
-            async with sessions.run():
-                self.app = StreamableHTTPASGIApp(sessions)
+            # Two stateless managers of one server: JSON answers, and answers that may stream
+            # (progress); the door picks per request (mcp_stream.py).
+            plain, streams = (StreamableHTTPSessionManager(
+                app=server, stateless=True, json_response=json_only, security_settings=security,
+                max_request_body_size=MAX_BODY) for json_only in (True, False))
+            async with plain.run(), streams.run():
+                self.app = StreamingDoor(StreamableHTTPASGIApp(plain),
+                                         StreamableHTTPASGIApp(streams), inflight,
+                                         self.default_run)
                 self._ready.set_result(None)
                 await self._stopping.wait()
         except Exception as exc:

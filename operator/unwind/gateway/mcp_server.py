@@ -28,6 +28,7 @@ from ..manifest.model import Effect, ToolManifest
 from ..upstream.errors import Refusal
 from ..upstream.limits import OverLimit, check_arguments
 from .enforce import CallRequest, CallResult, Gateway
+from .mcp_stream import InFlight
 from .rest import choose_run
 from .schemas import BadArguments, check_call_arguments, listed_key
 
@@ -146,11 +147,13 @@ def report_in_content_default() -> bool:
 
 
 def build_server(gateway: Gateway, default_run: str | None,
-                 report_in_content: bool | None = None) -> Server[Any]:
+                 report_in_content: bool | None = None,
+                 inflight: InFlight | None = None) -> Server[Any]:
     """``report_in_content`` (default: ``UNWIND_REPORT_IN_CONTENT``) adds the effect report
     as a last text block to every answer; a request's ``X-Unwind-Report`` header decides
-    for itself."""
+    for itself. ``inflight`` holds the calls running now (for a client's cancellation)."""
     in_content = report_in_content_default() if report_in_content is None else report_in_content
+    inflight = inflight if inflight is not None else InFlight()
 
     names: dict[str, dict[str, str]] = {}  # catalogue generation -> MCP name -> tool
 
@@ -200,6 +203,8 @@ def build_server(gateway: Gateway, default_run: str | None,
             return tool_result(await gateway.reject(req, refusal), report_in_content=report)
         req = CallRequest(tool=tool, arguments=dict(arguments), run=run,
                           entry_id=key or req.entry_id, stage=stage, dry_run=dry_run)
-        return tool_result(await gateway.call(req), report_in_content=report)
+        # In a task of its own, relaying progress (mcp_stream.py): recorded whatever the client does
+        return tool_result(await inflight.run(ctx, run, gateway.call(req)),
+                           report_in_content=report)
 
     return Server("unwind-gateway", on_list_tools=list_tools, on_call_tool=call_tool)

@@ -42,6 +42,7 @@ import yarl
 
 from ..manifest.keys import plain_text
 from ..manifest.model import Effect, HeaderValue, McpUpstream, ToolManifest
+from . import relay as relays
 from .errors import Refusal
 from .limits import MAX_DEPTH, nesting_problem
 from .mcp_client import HttpServer, McpClients, McpFailure, Server, StdioServer
@@ -216,6 +217,9 @@ class Upstream:
             answer.attempts = attempt
             retryable = answer.kind in ("not_sent", "timeout", "lost") or (
                 answer.kind == "error_status" and (answer.status or 0) in (429, 502, 503, 504))
+            relay = relays.current()
+            if relay is not None and relay.cancelled.is_set():  # the client gave up: no retry
+                return answer
             if not retryable or attempt == p.attempts:
                 return answer
             delay = min(p.max_ms, p.base_ms * 2 ** (attempt - 1)) / 1000
@@ -278,6 +282,8 @@ class Upstream:
             text = f"{p.where}: {_short(exc, p)}" if exc.kind != "too_large" else f"{p.where} {exc}"
             if exc.kind == "refused":
                 return Answer("error_status", 400, None, text)
+            if exc.kind == "cancelled":  # sent, then cancelled: the server may have acted
+                return Answer("lost", text=text)
             return Answer(exc.kind, text=text, sent=exc.kind != "not_sent")
         return mcp_answer(result)
 

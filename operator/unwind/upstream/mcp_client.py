@@ -20,10 +20,17 @@ again by the next call, after a backoff that doubles while it keeps failing (0.5
 30 s). A command that cannot start (not found, exits at start, no MCP handshake) refuses
 the call naming the command and the last lines of its stderr. Shutdown stops them all.
 
+**Streaming** (relay.py): a call made for an MCP client that asked for progress relays the
+server's ``notifications/progress`` to it, and its log messages (an HTTP session carries
+one call, so its messages are that call's; a stdio process's go to the call only while it
+is the one call in flight). The client's cancellation cancels the upstream call: the SDK
+sends ``notifications/cancelled`` (or, at 2026-07-28, closes the request's stream).
+
 What a caller learns (``McpFailure.kind``): ``not_sent`` (nothing reached the server: no
-session, no process, connection refused), ``timeout``, ``lost`` (sent, answer missing:
-the server may have acted), ``too_large``, ``refused`` (the server answered the call with
-a JSON-RPC error saying it did not run it: unknown tool, invalid parameters).
+session, no process, connection refused, cancelled before sending), ``timeout``, ``lost``
+(sent, answer missing: the server may have acted), ``cancelled`` (sent, then cancelled by
+the client: the server may have acted), ``too_large``, ``refused`` (the server answered the
+call with a JSON-RPC error saying it did not run it: unknown tool, invalid parameters).
 """
 
 from __future__ import annotations
@@ -42,6 +49,9 @@ from typing import Any, Literal
 import anyio
 import httpx2
 
+from . import relay as relays
+from .relay import Relay
+
 log = logging.getLogger("unwind.gateway.mcp")
 
 MAX_OPEN = 8          # sessions open at once to one HTTP server (each carries one call)
@@ -55,8 +65,10 @@ STDERR_TAIL = 20      # lines of a stdio server's stderr kept for error messages
 # the JSON-RPC errors that say the server did not run the call
 _REFUSED_CODES = {-32601: "method not found", -32602: "invalid params"}
 
+# mcp_types.LOG_LEVEL_META_KEY, not imported: the SDK loads on the first MCP call (27 MB)
+LOG_LEVEL_META_KEY = "io.modelcontextprotocol/logLevel"
 DEFAULT_CAP = 4 * 1024 * 1024  # the manifest's default max_response_bytes
-FailureKind = Literal["not_sent", "timeout", "lost", "too_large", "refused"]
+FailureKind = Literal["not_sent", "timeout", "lost", "cancelled", "too_large", "refused"]
 
 
 class McpFailure(Exception):
@@ -192,6 +204,7 @@ class _Session:
         self.exited = ""  # why the process went away (stdio)
         self.counted = False  # its end was counted for the backoff (stdio)
         self.timed_out = self.closed_early = False
+        self.relay: Relay | None = None  # the call it carries now (HTTP: one at a time)
         loop = asyncio.get_running_loop()
         self.started_at = self.ended_at = self.idle_since = loop.time()
         self.task = asyncio.create_task(self._own(opener, start_timeout_s), name=f"mcp {label}")
@@ -325,9 +338,12 @@ class _Pool:
         http = await stack.enter_async_context(httpx2.AsyncClient(
             headers={**dict(self.server.headers), "Accept-Encoding": "identity"},
             timeout=httpx2.Timeout(30.0, read=300.0), transport=transport))
+        async def to_call(params: Any) -> None:
+            if session.relay is not None:
+                await session.relay.on_log(params.level, params.data, params.logger)
         return await stack.enter_async_context(Client(
             streamable_http_client(self.server.url, http_client=http), mode=self.owner.mode,
-            cache=None))
+            cache=None, logging_callback=to_call))
 
 
 class _Process:
@@ -341,6 +357,7 @@ class _Process:
         self.retry_at = 0.0
         self.last = ""
         self.tail: deque[str] = deque(maxlen=STDERR_TAIL)
+        self.in_flight: list[Relay | None] = []  # the calls it carries now
 
     async def current(self, deadline: float) -> _Session:
         """The running session, or a new one once the backoff allows (waiting for it when it
@@ -403,9 +420,13 @@ class _Process:
         command = self.server.command
         params = StdioServerParameters(command=command[0], args=list(command[1:]),
                                        env=dict(self.server.env) or None, cwd=self.server.cwd)
+        async def to_call(params: Any) -> None:  # one call in flight: its message
+            if len(self.in_flight) == 1 and self.in_flight[0] is not None:
+                await self.in_flight[0].on_log(params.level, params.data, params.logger)
         try:
             client = await stack.enter_async_context(Client(stdio_client(params, errlog=errlog),
-                                                            mode=self.owner.mode, cache=None))
+                                                            mode=self.owner.mode, cache=None,
+                                                            logging_callback=to_call))
         except BaseException:
             errlog.close()
             await asyncio.sleep(0.05)  # let the watcher log what the process said
@@ -458,8 +479,13 @@ class McpClients:
             raise McpFailure("not_sent", "the gateway is shutting down")
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
+        relay = relays.current()
+        if relay is not None and relay.cancelled.is_set():
+            raise McpFailure("not_sent", f"the client cancelled the call ({relay.why}) before "
+                             "it was sent")
         if isinstance(server, StdioServer):
-            return await self._call_stdio(server, tool, arguments, deadline, timeout_s, cap)
+            return await self._call_stdio(server, tool, arguments, deadline, timeout_s, cap,
+                                          relay)
         pool = self._pool(server)
         for fresh in (False, True):  # a session the server forgot is opened again, once
             session = await pool.checkout(max(0.0, deadline - loop.time()), fresh or not self.pooled)
@@ -468,9 +494,12 @@ class McpClients:
                 assert session.transport is not None
                 t = session.transport
                 t.begin(call_headers or {}, cap)
+                session.relay = relay
                 try:
-                    with anyio.fail_after(max(0.0, deadline - loop.time())):
-                        result = await session.client.call_tool(tool, arguments)
+                    result = await _call_tool(session.client, tool, arguments, relay,
+                                              max(0.0, deadline - loop.time()))
+                except McpFailure:  # cancelled by the client: a new session for the next call
+                    raise
                 except TimeoutError:
                     if t.problem:
                         raise McpFailure("too_large", t.problem) from None
@@ -492,11 +521,13 @@ class McpClients:
                 healthy = self.pooled
                 return result
             finally:
+                session.relay = None
                 pool.checkin(session, healthy)
         raise McpFailure("not_sent", "the MCP server forgot a session it had just opened")
 
     async def _call_stdio(self, server: StdioServer, tool: str, arguments: dict[str, Any],
-                          deadline: float, timeout_s: float, cap: int) -> Any:
+                          deadline: float, timeout_s: float, cap: int,
+                          relay: Relay | None) -> Any:
         if not self.commands:
             raise McpFailure("not_sent", "a gateway starts an MCP server from a command only "
                              "in local mode (unwind gateway --manifests): in a cluster, run the "
@@ -513,9 +544,12 @@ class McpClients:
                 process.session_ended(session)
                 raise McpFailure("not_sent", process.last) from None
             raise McpFailure("not_sent", f"{exc}{process.stderr_said()}") from None
+        process.in_flight.append(relay)
         try:
-            with anyio.fail_after(max(0.0, deadline - loop.time())):
-                result = await session.client.call_tool(tool, arguments)
+            result = await _call_tool(session.client, tool, arguments, relay,
+                                      max(0.0, deadline - loop.time()))
+        except McpFailure:
+            raise
         except TimeoutError:
             raise McpFailure("timeout", f"no answer within {timeout_s:g}s") from None
         except Exception as exc:
@@ -525,6 +559,8 @@ class McpClients:
             why = session.exited or f"the MCP call failed: {_first_line(exc)}"
             session.close()  # its connection is broken: the next call starts the server again
             raise McpFailure("lost", why) from None
+        finally:
+            process.in_flight.remove(relay)
         process.worked()
         size = len(result.model_dump_json(by_alias=True))
         if size > cap:
@@ -584,6 +620,30 @@ class McpClients:
             pool.idle.clear()
         await asyncio.gather(*(s.wait_closed(CLOSE_TIMEOUT_S) for s in sessions))
         self.sessions.clear()
+
+
+async def _call_tool(client: Any, tool: str, arguments: dict[str, Any], relay: Relay | None,
+                     seconds: float) -> Any:
+    """``client.call_tool`` within ``seconds``; with a relay, the server's progress goes to
+    it, and its cancellation cancels the call (the SDK tells the server) and raises
+    McpFailure(cancelled)."""
+    if relay is None:
+        with anyio.fail_after(seconds):
+            return await client.call_tool(tool, arguments)
+    progress = relay.on_progress if relay.progress is not None else None
+    meta = {LOG_LEVEL_META_KEY: relay.log_level} if relay.log_level else None
+    with anyio.fail_after(seconds), anyio.CancelScope() as scope:
+        async def cancel_when_asked() -> None:
+            await relay.cancelled.wait()
+            scope.cancel()
+        watcher = asyncio.ensure_future(cancel_when_asked())
+        try:
+            return await client.call_tool(tool, arguments, progress_callback=progress,
+                                          meta=meta)
+        finally:
+            watcher.cancel()
+    raise McpFailure("cancelled", f"the client cancelled the call ({relay.why}) after it was "
+                     "sent; the cancellation went on to the MCP server, which may have acted")
 
 
 async def _all_tools(client: Any) -> list[Any]:
