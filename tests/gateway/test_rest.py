@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx2
+import pytest
 
 from .conftest import GatewayProc, UpstreamProc, start_gateway, stop
 
@@ -80,11 +81,26 @@ def test_a_repeated_key_is_a_duplicate_naming_the_entry_that_holds_it(
     assert [e["error"]["code"] for e in gateway.entries(run_name)[1:]] == ["duplicate", "duplicate"]
 
 
+@pytest.mark.parametrize(("status", "answer", "code"), [
+    (409, 409, "upstream_conflict"), (412, 409, "upstream_conflict"),
+    (400, 422, "upstream_rejected"), (422, 422, "upstream_rejected"),
+    (500, 502, "upstream_error"), (404, 502, "upstream_error")])
+def test_an_upstream_conflict_or_refusal_reaches_the_caller_as_a_4xx_it_does_not_retry(
+        gateway: GatewayProc, upstream: UpstreamProc, run_name: str, status: int, answer: int,
+        code: str) -> None:
+    upstream.behave("comments.create", "fail", status=status)
+    r = gateway.call("github.create_comment", COMMENT, run=run_name)
+    assert r.status_code == answer and error(r)["code"] == code, r.text
+    assert error(r)["upstream_status"] == status
+    assert gateway.entries(run_name)[0]["state"] == ("uncertain" if status >= 500 else "failed")
+
+
 def test_a_failed_call_frees_its_key_and_its_idempotency_key_may_be_used_again(
         gateway: GatewayProc, upstream: UpstreamProc, run_name: str) -> None:
     upstream.behave("comments.create", "fail", status=422)
     failed = gateway.call("github.create_comment", COMMENT, run=run_name, key="f")
-    assert failed.status_code == 502 and error(failed)["upstream_status"] == 422
+    assert failed.status_code == 422 and error(failed)["upstream_status"] == 422
+    assert error(failed)["code"] == "upstream_rejected"  # not a 5xx a client would retry
     assert gateway.entries(run_name)[0]["state"] == "failed"
     upstream.behave("comments.create", "ok")
     again = gateway.call("github.create_comment", COMMENT, run=run_name, key="f")
@@ -211,12 +227,12 @@ def test_a_dry_run_reports_and_lists_the_refusals_and_writes_and_calls_nothing(
     assert upstream.count() == 0 and gateway.entries(run_name) == []
 
 
-def test_redacted_values_are_masked_in_the_ledger_the_log_and_a_502_body(
+def test_redacted_values_are_masked_in_the_ledger_the_log_and_an_upstream_error_body(
         gateway: GatewayProc, upstream: UpstreamProc, run_name: str) -> None:
     args = {"order_id": "r1", "amount": 300, "card_token": "tok_SECRET42"}
     upstream.behave("charges.create", "fail", status=400)
     r = gateway.call("test.charge", args, run=run_name, key="red-1")
-    assert r.status_code == 502
+    assert r.status_code == 422
     assert "tok_SECRET42" not in r.text and "[redacted]" in r.text
     upstream.behave("charges.create", "ok")
     ok = gateway.call("test.charge", args, run=run_name, key="red-2")

@@ -100,7 +100,7 @@ class McpDoor:
             )
             from mcp.server.transport_security import TransportSecuritySettings
 
-            from .mcp_server import build_server
+            from .mcp_server import build_server, unknown_fields
             from .mcp_stream import InFlight, StreamingDoor
 
             inflight = InFlight()
@@ -116,7 +116,8 @@ class McpDoor:
             async with plain.run(), streams.run():
                 self.app = StreamingDoor(StreamableHTTPASGIApp(plain),
                                          StreamableHTTPASGIApp(streams), inflight,
-                                         self.default_run)
+                                         self.default_run,
+                                         lambda: unknown_fields(self.gateway))
                 self._ready.set_result(None)
                 await self._stopping.wait()
         except Exception as exc:

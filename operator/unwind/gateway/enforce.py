@@ -73,8 +73,8 @@ from ..manifest.keys import KeyRenderError, render_key
 from ..manifest.lint import schema_hash_of
 from ..manifest.model import Effect, ToolManifest
 from ..manifest.refs import resolve_map
-from ..upstream.client import Answer, Prepared, Upstream, prepare
-from ..upstream.errors import Refusal
+from ..upstream.client import Answer, McpContent, Prepared, Upstream, prepare
+from ..upstream.errors import Refusal, upstream_refusal
 from ..upstream.secrets import Secrets
 from .catalogue import Catalogue
 from .metrics import UNKNOWN_TOOL, Metrics
@@ -107,7 +107,7 @@ class CallResult:
     body: Any
     report: dict[str, Any] | None = None
     entry: str | None = None
-    content: list[dict[str, Any]] | None = None  # an MCP upstream's blocks (mcp_server.py)
+    content: McpContent | None = None  # an MCP upstream's result as sent (mcp_server.py)
 
 
 @dataclass(frozen=True)
@@ -803,9 +803,12 @@ class Gateway:
         if a.kind == "timeout":
             return state, Refusal("upstream_timeout", f"{text}{tried}: the call's outcome is "
                                   "unknown" + (", find it with the lookup" if m.lookup else ""))
+        if a.kind == "tool_error":  # an MCP tool's own error: no HTTP status to name
+            extra = {"upstream": mask_answer(m, a.data, c.secrets)} if a.data is not None else {}
+            return state, Refusal(a.code, f"{text}{tried}", extra)
         if a.kind == "error_status":
             detail = mask_answer(m, a.data, c.secrets) if a.data is not None else text
-            return state, Refusal("upstream_error", f"{p.method} {m.tool}: the upstream answered "
+            return state, Refusal(upstream_refusal(a.status), f"{p.method} {m.tool}: the upstream answered "
                                   f"{a.status}{tried}", {"upstream_status": a.status,
                                                          "upstream": detail})
         if a.kind == "not_json":

@@ -18,6 +18,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+import jsonschema
 import mcp_types as types
 from mcp.server.lowlevel.server import Server
 
@@ -37,6 +38,7 @@ META_KEYS = {"idempotency_key": str, "stage": bool, "dry_run": bool}
 REPORT_IN_CONTENT_HEADER = "x-unwind-report"
 REPORT_IN_CONTENT_ENV = "UNWIND_REPORT_IN_CONTENT"
 REPORT_PREFIX = "unwind effect report (how this call is recorded and undone): "
+REPORT_KEY = "unwind.dev/effect"  # the report inside structured content (report_placed)
 
 
 def contract(m: ToolManifest) -> dict[str, Any]:
@@ -72,29 +74,58 @@ def report_block(report: dict[str, Any]) -> types.TextContent:
     return types.TextContent(type="text", text=f"{REPORT_PREFIX}{text}")
 
 
-def tool_result(result: CallResult, *, report_in_content: bool = False) -> types.CallToolResult:
-    """The answer: an MCP upstream's own content blocks when it sent some (an image stays an
-    image), else the body as one JSON text block; the body as structured content when it
-    is an object the upstream (or the JSON text) gave; the report in ``_meta.effect`` and,
-    with ``report_in_content``, as a last text block."""
+def tool_result(result: CallResult, *, report_in_content: bool = False,
+                output_schema: dict[str, Any] | None = None) -> types.CallToolResult:
+    """The answer: an MCP upstream's own result as it sent it (its blocks, an image stays an
+    image, and its structured content, or none), else the body as one JSON text block and,
+    for an object, as structured content; the report in ``_meta.effect`` and, with
+    ``report_in_content``, where a client that keeps less finds it too (report_placed)."""
     body = result.body
     meta = {"effect": result.report} if result.report else None
     content: list[Any]
+    structured: dict[str, Any] | None
     if result.content is not None and result.status < 400:
-        content = list(result.content)
-        structured = body if isinstance(body, dict) and body != {"content": content} else None
+        content = list(result.content.blocks)
+        structured = result.content.structured
     else:
         content = [types.TextContent(type="text", text=json.dumps(body, ensure_ascii=False))]
         structured = body if isinstance(body, dict) else None
     if report_in_content and result.report:
         content.append(report_block(result.report))
+        structured = report_placed(structured, result.report, output_schema)
     return types.CallToolResult(content=content, structuredContent=structured,
                                 isError=result.status >= 400, _meta=meta)
+
+
+def report_placed(structured: dict[str, Any] | None, report: dict[str, Any],
+                  output_schema: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The structured content of an answer whose report was asked for in content. Some
+    clients keep only the structured content when there is some (pydantic-ai: MCP says the
+    text blocks are its serialization) and drop ``_meta``, so the report must be in it too:
+    a tool without an output schema gets none (the text blocks, answer and report, are
+    the whole answer); one whose output schema takes the report under ``REPORT_KEY`` gets it
+    there; one whose schema does not (``additionalProperties: false``) keeps its structured
+    content as the upstream sent it, and the report is in the last text block only."""
+    if structured is None or output_schema is None:
+        return None
+    placed = {**structured, REPORT_KEY: report}
+    try:
+        validator = jsonschema.validators.validator_for(output_schema)(output_schema)
+        return placed if validator.is_valid(placed) else structured
+    except (jsonschema.SchemaError, jsonschema.exceptions.UnknownType, RecursionError):
+        return structured
 
 
 def refusal_result(refusal: Refusal, *, report_in_content: bool = False) -> types.CallToolResult:
     return tool_result(CallResult(refusal.status, refusal.envelope()),
                        report_in_content=report_in_content)
+
+
+def output_schema(m: ToolManifest | None, gateway: Gateway) -> dict[str, Any] | None:
+    """The output schema tools/list serves for the tool (its MCP upstream's), or None."""
+    where = listed_key(m) if m is not None else None
+    schema = gateway.upstream.listed.get(where, {}).get("outputSchema") if where else None
+    return schema if isinstance(schema, dict) else None
 
 
 def hints(m: ToolManifest) -> dict[str, bool]:
@@ -109,31 +140,52 @@ def hints(m: ToolManifest) -> dict[str, bool]:
             "idempotentHint": effect in (Effect.read_only, Effect.idempotent)}
 
 
+DECIDED = frozenset({"name", "description", "inputSchema", "annotations", "_meta"})
+KNOWN = frozenset({f.alias or name for name, f in types.Tool.model_fields.items()} | {"_meta"})
+
+
 def served_tool(m: ToolManifest, gateway: Gateway) -> types.Tool:
     """One tools/list entry: the model-API name, the argument schema (the manifest's, else
-    the MCP upstream's, else any object), the upstream's output schema, title and other
-    annotations, the hints of the effect class, and in ``_meta`` the manifest's name,
-    effect class and contract."""
-    upstream = gateway.upstream
-    listed: dict[str, Any] = {}
+    the MCP upstream's, else any object), the upstream's annotations with the hints of the
+    effect class, in ``_meta`` the manifest's name, effect class and contract, and every
+    other field the upstream listed as it listed it (outputSchema, title, execution,
+    icons...; fields the SDK does not know are added by the door: unknown_fields)."""
+    listed = _listed(m, gateway)
     schema: dict[str, Any] = {"type": "object"}
     where = listed_key(m)
     if where is not None:
-        listed = upstream.listed.get(where, {})
-        schema = upstream.schemas.get(where, schema)
+        schema = gateway.upstream.schemas.get(where, schema)
     if m.input_schema is not None:
         schema = m.input_schema
     annotations = listed.get("annotations")
     annotations = {**(annotations if isinstance(annotations, dict) else {}), **hints(m)}
-    extra: dict[str, Any] = {}
-    if isinstance(listed.get("outputSchema"), dict):
-        extra["outputSchema"] = listed["outputSchema"]
-    if isinstance(listed.get("title"), str):
-        extra["title"] = listed["title"]
-    return types.Tool(name=mcp_name(m.tool), description=m.description or listed.get(
-                          "description"), inputSchema=schema, annotations=annotations, **extra,
-                      _meta={"unwind.dev/tool": m.tool, "unwind.dev/effect_class": str(m.effect),
-                             "unwind.dev/effect_contract": contract(m)})
+    own = {"name": mcp_name(m.tool), "description": m.description or listed.get("description"),
+           "inputSchema": schema, "annotations": annotations,
+           "_meta": {"unwind.dev/tool": m.tool, "unwind.dev/effect_class": str(m.effect),
+                     "unwind.dev/effect_contract": contract(m)}}
+    passed = {k: v for k, v in listed.items() if k in KNOWN and k not in DECIDED}
+    try:
+        return types.Tool.model_validate({**passed, **own})
+    except ValueError:  # a field the upstream got wrong: the gateway's own fields only
+        return types.Tool.model_validate(own)
+
+
+def _listed(m: ToolManifest, gateway: Gateway) -> dict[str, Any]:
+    where = listed_key(m)
+    return gateway.upstream.listed.get(where, {}) if where is not None else {}
+
+
+def unknown_fields(gateway: Gateway) -> dict[str, dict[str, Any]]:
+    """By MCP name: the fields an upstream listed for a tool that the SDK's Tool does not
+    know (a later revision's), which the SDK drops when it writes tools/list; the door
+    adds them back (mcp_stream.py), so a client sees the tool as the upstream listed it."""
+    found: dict[str, dict[str, Any]] = {}
+    for served in gateway.catalogue.tools():
+        extra = {k: v for k, v in _listed(served.manifest, gateway).items()
+                 if k not in DECIDED}
+        if extra and served.manifest.enforceable:
+            found[mcp_name(served.manifest.tool)] = extra
+    return found
 
 
 def wants_report_in_content(headers: Mapping[str, str], default: bool) -> bool:
@@ -205,6 +257,6 @@ def build_server(gateway: Gateway, default_run: str | None,
                           entry_id=key or req.entry_id, stage=stage, dry_run=dry_run)
         # In a task of its own, relaying progress (mcp_stream.py): recorded whatever the client does
         return tool_result(await inflight.run(ctx, run, gateway.call(req)),
-                           report_in_content=report)
+                           report_in_content=report, output_schema=output_schema(m, gateway))
 
     return Server("unwind-gateway", on_list_tools=list_tools, on_call_tool=call_tool)

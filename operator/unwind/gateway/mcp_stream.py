@@ -28,7 +28,7 @@ import asyncio
 import json
 import logging
 import warnings
-from collections.abc import Awaitable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from mcp_types import LOG_LEVEL_META_KEY
@@ -40,6 +40,7 @@ from .enforce import CallResult
 
 log = logging.getLogger("unwind.gateway")
 Key = tuple[str, str]  # (run, JSON-RPC request id)
+_MARKS = (b"notifications/cancelled", b"progressToken", b"tools/list")  # what the door reads
 
 
 class InFlight:
@@ -116,21 +117,26 @@ class StreamingDoor:
     the choice between them per request (see the module's docstring)."""
 
     def __init__(self, json_app: Any, stream_app: Any, inflight: InFlight,
-                 default_run: str | None) -> None:
+                 default_run: str | None,
+                 listed_fields: Callable[[], dict[str, dict[str, Any]]] | None = None) -> None:
         self.json_app, self.stream_app = json_app, stream_app
         self.inflight, self.default_run = inflight, default_run
+        self.listed_fields = listed_fields
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope.get("type") != "http" or scope.get("method") != "POST":
             await self.json_app(scope, receive, send)
             return
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+        body, receive = await _buffered(receive)
+        message = _peek(body)
+        if message.get("method") == "tools/list" and self.listed_fields is not None:
+            fields = self.listed_fields()
+            send = _adding_fields(send, fields) if fields else send
         version = headers.get("mcp-protocol-version")
         if version is not None and version not in HANDSHAKE_PROTOCOL_VERSIONS:
             await self.stream_app(scope, receive, send)
             return
-        body, receive = await _buffered(receive)
-        message = _peek(body)
         if message.get("method") == "notifications/cancelled":
             self._cancelled(message, headers)
         stream = (message.get("method") == "tools/call" and _wants_progress(message)
@@ -175,7 +181,7 @@ async def _buffered(receive: Any) -> tuple[bytes, Any]:
 
 def _peek(body: bytes) -> dict[str, Any]:
     """The JSON-RPC message, only when it may be one the door acts on (no parse otherwise)."""
-    if b"notifications/cancelled" not in body and b"progressToken" not in body:
+    if not any(mark in body for mark in _MARKS):
         return {}
     try:
         message = json.loads(body)
@@ -193,3 +199,43 @@ def _wants_progress(message: dict[str, Any]) -> bool:
 def _accepts_sse(accept: str) -> bool:
     kinds = {part.split(";")[0].strip().lower() for part in accept.split(",")}
     return bool(kinds & {"text/event-stream", "text/*", "*/*"})
+
+
+def _adding_fields(send: Any, fields: dict[str, dict[str, Any]]) -> Any:
+    """A ``send`` that adds to a JSON tools/list answer the fields each tool's upstream
+    listed and the SDK left out (a later revision's, which its models do not know)."""
+    start: dict[str, Any] = {}
+    chunks: list[bytes] = []
+
+    async def patched(message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.start":
+            kind = dict(message.get("headers", [])).get(b"content-type", b"")
+            if not kind.startswith(b"application/json"):
+                await send(message)
+                return
+            start.update(message)
+            return
+        if not start:
+            await send(message)
+            return
+        chunks.append(message.get("body", b""))
+        if message.get("more_body"):
+            return
+        body = _with_fields(b"".join(chunks), fields)
+        headers = [(k, v) for k, v in start.get("headers", []) if k != b"content-length"]
+        await send({**start, "headers": [*headers, (b"content-length", str(len(body)).encode())]})
+        await send({"type": "http.response.body", "body": body})
+    return patched
+
+
+def _with_fields(body: bytes, fields: dict[str, dict[str, Any]]) -> bytes:
+    try:
+        answer = json.loads(body)
+        tools = answer["result"]["tools"]
+    except (ValueError, KeyError, TypeError):
+        return body
+    for tool in tools if isinstance(tools, list) else []:
+        if isinstance(tool, dict) and tool.get("name") in fields:
+            for name, value in fields[tool["name"]].items():
+                tool.setdefault(name, value)
+    return json.dumps(answer, separators=(",", ":")).encode()

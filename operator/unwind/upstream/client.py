@@ -56,7 +56,8 @@ _MARK = "unwindarg{}x"  # stands in for a placeholder while the template is enco
 _MARKS = re.compile(r"unwindarg(\d+)x")
 _URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>]+")
 _NOT_A_SEGMENT = {"": "empty", ".": "'.'", "..": "'..'"}
-Kind = Literal["ok", "error_status", "not_sent", "timeout", "lost", "not_json", "too_large"]
+Kind = Literal["ok", "error_status", "tool_error", "not_sent", "timeout", "lost", "not_json",
+               "too_large"]
 
 
 @dataclass
@@ -83,15 +84,25 @@ class Prepared:
         return f"{self.manifest.tool} ({self.method} {self.template or '(its URL template)'})"
 
 
+@dataclass(frozen=True)
+class McpContent:
+    """An MCP upstream's result as it sent it: its content blocks, and its structured
+    content (None: it sent none), so the MCP door passes both on unchanged."""
+
+    blocks: list[dict[str, Any]]
+    structured: dict[str, Any] | None = None
+
+
 @dataclass
 class Answer:
-    kind: Kind
+    kind: Kind  # tool_error: an MCP tool's own error (isError, or a JSON-RPC refusal)
     status: int | None = None
     data: Any = None
     text: str = ""
     attempts: int = 1
     sent: bool = field(default=True)
-    content: list[dict[str, Any]] | None = None  # an MCP upstream's content blocks, as sent
+    content: McpContent | None = None  # an MCP upstream's result, as sent
+    code: str = "upstream_error"  # a tool_error's refusal code
 
     @property
     def may_have_acted(self) -> bool:
@@ -280,12 +291,12 @@ class Upstream:
                                          call_headers=p.call_headers)
         except McpFailure as exc:
             text = f"{p.where}: {_short(exc, p)}" if exc.kind != "too_large" else f"{p.where} {exc}"
-            if exc.kind == "refused":
-                return Answer("error_status", 400, None, text)
+            if exc.kind == "refused":  # the server says it did not run the call
+                return Answer("tool_error", None, None, text, code="upstream_rejected")
             if exc.kind == "cancelled":  # sent, then cancelled: the server may have acted
                 return Answer("lost", text=text)
             return Answer(exc.kind, text=text, sent=exc.kind != "not_sent")
-        return mcp_answer(result)
+        return mcp_answer(result, p.where)
 
     async def list_mcp_tools(self, mcp: McpUpstream | str, headers: dict[str, str] | None = None,
                              timeout_s: float = 10.0) -> dict[str, dict[str, Any]]:
@@ -294,7 +305,7 @@ class Upstream:
         if isinstance(mcp, str):
             mcp = McpUpstream(url=mcp, tool="")
         tools = await self.mcp.list_tools(mcp_server(mcp, headers or {}), timeout_s)
-        return {t.name: t.model_dump(by_alias=True, exclude_none=True, mode="json") for t in tools}
+        return {t["name"]: t for t in tools}
 
     async def list_mcp_schemas(self, mcp: McpUpstream | str, headers: dict[str, str] | None = None,
                                timeout_s: float = 10.0) -> dict[str, dict[str, Any]]:
@@ -303,12 +314,14 @@ class Upstream:
         return {name: dict(tool.get("inputSchema") or {}) for name, tool in tools.items()}
 
 
-def mcp_answer(result: Any) -> Answer:
+def mcp_answer(result: Any, where: str = "the MCP tool") -> Answer:
     """An MCP upstream's ``tools/call`` result as an Answer. Its data (``$result``) is the
     structured content, else the text blocks read as JSON, else ``{"content": [blocks]}``
-    (an image, plain text: an MCP answer is always readable). The blocks are kept as sent,
-    so the MCP door passes them on as blocks."""
+    (an image, plain text: an MCP answer is always readable). The result is kept as sent
+    (McpContent), so the MCP door passes its blocks and structured content on unchanged.
+    An ``isError`` result is a tool_error that says so (there was no HTTP status)."""
     blocks = [c.model_dump(mode="json", by_alias=True, exclude_none=True) for c in result.content]
+    sent = McpContent(blocks, result.structured_content)
     data = result.structured_content
     text = "".join(getattr(c, "text", "") for c in result.content)
     if data is None and text:
@@ -317,10 +330,12 @@ def mcp_answer(result: Any) -> Answer:
         except (ValueError, RecursionError):
             data = None
     if result.is_error:
-        return Answer("error_status", 400, data, text[:2000], content=blocks)
+        said = f": {text[:1000]}" if text else ""
+        return Answer("tool_error", None, data, f"{where}: the MCP tool answered with an error "
+                      f"(isError){said}", content=sent)
     if data is None:
         data = {"content": blocks}
-    return Answer("ok", 200, data, "", content=blocks)
+    return Answer("ok", 200, data, "", content=sent)
 
 
 _NOT_JSON = object()

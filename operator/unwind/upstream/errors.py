@@ -18,6 +18,8 @@ STATUS = {
     "unsupported_media_type": 415,
     "untrusted_host": 421,
     "unsupported_operation": 422,
+    "upstream_conflict": 409,
+    "upstream_rejected": 422,
     "approval_required": 428,
     "rate_limited": 429,
     "upstream_error": 502,
@@ -45,3 +47,14 @@ class Refusal(Exception):
 
     def envelope(self) -> dict[str, Any]:
         return {"error": {"code": self.code, "message": self.message, **self.extra}}
+
+
+def upstream_refusal(status: int | None) -> str:
+    """The code for an upstream's error answer: a conflict (409, or 412 to a precondition)
+    and a refusal of the arguments (400, 422) are the caller's to handle, so they reach it
+    as 4xx, which clients do not retry as a server error; anything else is 502."""
+    if status in (409, 412):
+        return "upstream_conflict"
+    if status in (400, 422):
+        return "upstream_rejected"
+    return "upstream_error"

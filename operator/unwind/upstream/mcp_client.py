@@ -569,8 +569,8 @@ class McpClients:
                              "upstream.max_response_bytes")
         return result
 
-    async def list_tools(self, server: Server, timeout_s: float = 10.0) -> list[Any]:
-        """The server's tools (the SDK's Tool objects), every page."""
+    async def list_tools(self, server: Server, timeout_s: float = 10.0) -> list[dict[str, Any]]:
+        """The server's tools as it listed them (JSON objects), every page."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         if isinstance(server, StdioServer):
@@ -646,14 +646,27 @@ async def _call_tool(client: Any, tool: str, arguments: dict[str, Any], relay: R
                      "sent; the cancellation went on to the MCP server, which may have acted")
 
 
-async def _all_tools(client: Any) -> list[Any]:
-    tools: list[Any] = []
+async def _all_tools(client: Any) -> list[dict[str, Any]]:
+    """Every tool the server lists, as it listed it: the raw entries (the SDK's Tool drops
+    the fields it does not know, which the MCP door passes on), each one that is a Tool."""
+    import mcp_types as types
+    from pydantic import TypeAdapter, ValidationError
+
+    raw = TypeAdapter(dict[str, Any])
+    tools: list[dict[str, Any]] = []
     cursor: str | None = None
     for _ in range(100):  # a paginator that never ends cannot hang the start
-        listed = await client.list_tools(cursor=cursor)
-        tools.extend(listed.tools)
-        cursor = listed.next_cursor
-        if not cursor:
+        params = types.PaginatedRequestParams(cursor=cursor) if cursor else None
+        listed = await client.session.send_request(types.ListToolsRequest(params=params), raw)
+        for tool in listed.get("tools") or []:
+            try:
+                types.Tool.model_validate(tool)
+            except ValidationError:
+                log.warning("an MCP server listed a tool that is not one: %s", str(tool)[:200])
+                continue
+            tools.append(tool)
+        cursor = listed.get("nextCursor")
+        if not isinstance(cursor, str) or not cursor:
             break
     return tools
 
