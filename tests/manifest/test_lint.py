@@ -93,7 +93,7 @@ def test_the_rule_table_covers_every_targeted_code_once_in_order() -> None:
     assert codes == sorted(codes) == ["L010", "L011", "L012", "L013", "L014", "L015", "L016",
                                       "L017", "L019", "L020", "L021", "L022", "L023", "L024",
                                       "L027", "L030", "L031", "L032", "L033", "L034", "L035", "L036",
-                                      "L037", "L038", "L039"]
+                                      "L037", "L038", "L039", "L040"]
 
 
 def test_l010_a_mutating_tool_without_description_is_a_warning() -> None:
@@ -446,3 +446,38 @@ def test_l039_an_update_whose_undo_reads_no_before_is_a_warning() -> None:
                                              "arguments": {"order_id": "$args.cart_id"}}
     specs["shop.create_order"]["compensation"]["argument_map"]["total"] = "$before.total"
     assert lint(models(specs)) == []
+
+
+def test_l039_a_create_by_put_whose_undo_deletes_it_has_nothing_before_to_restore() -> None:
+    # an API that refuses a PUT without the current revision: PUT /db/<id> only creates
+    specs = clean_specs()
+    specs["shop.create_order"]["upstream"] = {"url": "https://shop.example/orders/{{args.cart_id}}",
+                                              "method": "PUT"}
+    specs["shop.cancel_order"]["upstream"] = {"url": "https://shop.example/orders/{{args.order_id}}",
+                                              "method": "DELETE"}
+    assert lint(models(specs)) == []
+    specs["shop.cancel_order"]["upstream"]["method"] = "POST"  # not a delete: it may overwrite
+    only(lint(models(specs)), "L039", "warning", "shop.create_order")
+
+
+def test_l040_an_idempotent_put_without_a_capture_is_a_warning() -> None:
+    specs = clean_specs()
+    specs["shop.cancel_order"]["upstream"] = {"url": "https://shop.example/orders/{{args.order_id}}",
+                                              "method": "PUT"}
+    f = only(lint(models(specs)), "L040", "warning", "shop.cancel_order")
+    assert f.path == "effect" and "declare effect: reversible, capture:" in f.message
+    specs["shop.cancel_order"]["upstream"]["method"] = "POST"
+    assert lint(models(specs)) == []
+
+
+def test_l034_a_flat_list_read_from_an_mcp_server_says_nothing_of_the_rest_tools() -> None:
+    # issue 30: --upstream-schemas of a server's tools/list beside REST tools
+    specs = clean_specs()
+    specs["shop.cancel_order"]["upstream"] = {"mcp": {"url": MCP, "tool": "cancel"}}
+    for name in ("shop.get_order", "shop.create_order", "mail.send_receipt"):
+        specs[name]["upstream"] = {"url": f"https://shop.example/{name}"}
+    flat = {"cancel": SCHEMAS["shop.cancel_order"]}
+    assert [f.code for f in lint(models(specs), flat)] == []
+    flat["shop.get_order"] = SCHEMAS["shop.get_order"]  # the list names a REST tool: judged
+    found = [(f.code, f.tool) for f in lint(models(specs), flat) if f.code == "L034"]
+    assert sorted(found) == [("L034", "mail.send_receipt"), ("L034", "shop.create_order")]

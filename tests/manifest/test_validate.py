@@ -439,3 +439,20 @@ def test_placeholders_in_the_path_and_query_values_stay_allowed() -> None:
     data = with_(upstream={"url": "https://api.example.com/orders/{{args.order_id}}?"
                            "expand={{args.expand}}"})
     assert issues_of(data) == []
+
+
+def test_an_expect_key_may_start_with_an_index_as_a_result_reference_may() -> None:
+    # a read-back that answers a list: [0].email, as $result[0].id reads the call's answer
+    spec = with_(compensation__verification__expect={"[0].email": "$result[0].email",
+                                                     "[1]": {"const": None}})
+    assert issues_of(spec) == []
+    assert issues_of(with_(compensation__verification__expect={"[x].email": "a"}))
+
+
+def test_an_expected_list_item_is_compared_at_its_index() -> None:
+    from unwind.ledger.undo import first_mismatch
+    answer = [{"email": "old@example.com"}]
+    assert first_mismatch({"[0].email": "old@example.com"}, answer) is None
+    assert first_mismatch({"[0].email": "new@example.com"}, answer) == (
+        '[0].email is "old@example.com", expected "new@example.com"')
+    assert first_mismatch({"[1].email": "x"}, answer) == 'the answer has no [1].email, expected "x"'

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from typing import Any, Literal
 
 from ..manifest.model import Absent, Effect, ToolManifest
-from ..manifest.refs import parse_ref, resolve_map
+from ..manifest.refs import answer_path, resolve_map
 
 Plan = Literal["compensate", "skip", "unrecoverable"]
 
@@ -34,7 +34,7 @@ def first_mismatch(expect: Mapping[str, Any], answer: Any) -> str | None:
     """The first ``expect`` entry the answer does not match, as a sentence, or None."""
     for path, want in expect.items():
         current: Any = answer
-        for seg in parse_ref("$result." + path).path:
+        for seg in answer_path(path).path:
             if isinstance(seg, int) and isinstance(current, list) and seg < len(current):
                 current = current[seg]
             elif isinstance(current, dict) and str(seg) in current:

@@ -29,6 +29,7 @@ import hashlib
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 from .canonical import canonical_json
 from .keys import placeholders
@@ -305,9 +306,16 @@ def l031_compensable_but_inverse(ctx: Context) -> Iterator[tuple[str, str, str]]
                            "set effect: reversible, or kind: compensation if a trace remains")
 
 
+def _method(m: ToolManifest | None) -> str | None:
+    u = m.upstream if m is not None else None
+    return u.method if u is not None and u.url is not None else None
+
+
 def l039_update_undone_without_before(ctx: Context) -> Iterator[tuple[str, str, str]]:
     """An update (PUT or PATCH) overwrites a value that neither its arguments nor its
-    answer hold: an undo that reads no ``$before`` cannot put the old value back."""
+    answer hold: an undo that reads no ``$before`` cannot put the old value back. A PUT
+    undone by a DELETE is a create (``PUT /db/<id>`` of an API that refuses a PUT without
+    the current revision): there was nothing before it to restore."""
     for m in ctx.manifests:
         c, u = m.compensation, m.upstream
         if c is None or u is None or u.url is None or u.method not in ("PUT", "PATCH"):
@@ -315,10 +323,25 @@ def l039_update_undone_without_before(ctx: Context) -> Iterator[tuple[str, str, 
         if any(isinstance(raw, str) and raw.strip().startswith("$before")
                for raw in c.argument_map.values()):
             continue
+        if u.method == "PUT" and _method(ctx.by_name.get(c.tool)) == "DELETE":
+            continue
         yield m.tool, "compensation.argument_map", (
             f"{m.tool} is a {u.method}: it overwrites values, and its undo {c.tool} reads no "
             "$before, so it cannot restore what was there: add capture: {tool: <a read_only "
             "tool>, arguments: {...}} and map the old values as $before.<field>")
+
+
+def l040_idempotent_overwrite(ctx: Context) -> Iterator[tuple[str, str, str]]:
+    """An idempotent PUT or PATCH is safe to repeat, but its first call overwrote what was
+    there, and an idempotent tool has no undo: a rollback leaves the old values lost."""
+    for m in ctx.manifests:
+        method = _method(m)
+        if m.effect == Effect.idempotent and method in ("PUT", "PATCH") and m.capture is None:
+            yield m.tool, "effect", (
+                f"{m.tool} is an idempotent {method}: repeating it is safe, but its first call "
+                "overwrites what was there and a rollback leaves it overwritten: to undo it, "
+                "declare effect: reversible, capture: {tool: <a read_only tool>, arguments: "
+                "{...}}, and an inverse that restores $before.<field>")
 
 
 def l032_compensation_takes_nothing(ctx: Context) -> Iterator[tuple[str, str, str]]:
@@ -357,14 +380,32 @@ def l036_redaction_hides_what_the_undo_needs(ctx: Context) -> Iterator[tuple[str
                                               "value from another place")
 
 
+def _origin(m: ToolManifest) -> str:
+    """Which upstream a tool is served by: its MCP server (URL or command), else its REST
+    API's scheme and host."""
+    u = m.upstream
+    if u is None:
+        return ""
+    if u.mcp is not None:
+        return u.mcp.target
+    return urlsplit(u.url or "")._replace(path="", query="", fragment="").geturl()
+
+
 def l034_no_upstream_tool(ctx: Context) -> Iterator[tuple[str, str, str]]:
+    """A flat list (``--upstream-schemas``) judges the upstreams it names a tool of: in a
+    set that mixes an MCP server's tools and REST tools, a list read from the server says
+    nothing about the REST tools (nor one server's list about another server's tools)."""
+    covered = {_origin(m) for m in ctx.manifests if upstream_name(m) in ctx.upstream}
     for m in ctx.manifests:
         listed = upstream_list(ctx, m)
-        if listed is not None and upstream_name(m) not in listed:
-            server = _server(ctx, m)
-            where = f" at {server}" if server is not None else ""
-            yield m.tool, "upstream", (f"no upstream tool{where} is named {upstream_name(m)}: calls "
-                           "cannot reach it; fix the tool name or remove the manifest")
+        if listed is None or upstream_name(m) in listed:
+            continue
+        if _server(ctx, m) is None and _origin(m) not in covered:
+            continue
+        server = _server(ctx, m)
+        where = f" at {server}" if server is not None else ""
+        yield m.tool, "upstream", (f"no upstream tool{where} is named {upstream_name(m)}: calls "
+                                   "cannot reach it; fix the tool name or remove the manifest")
 
 
 def l035_upstream_without_manifest(ctx: Context) -> Iterator[tuple[str, str, str]]:
@@ -532,6 +573,7 @@ RULES: tuple[Rule, ...] = (
     Rule("L037", "error", l037_mapping_type_mismatch),
     Rule("L038", "info", l038_todo),
     Rule("L039", "warning", l039_update_undone_without_before),
+    Rule("L040", "warning", l040_idempotent_overwrite),
 )
 
 

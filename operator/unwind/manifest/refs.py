@@ -123,6 +123,13 @@ def parse_ref(raw: Any) -> Ref:
     )
 
 
+def answer_path(key: str) -> Ref:
+    """A path written without its root (an ``expect`` or ``absent.shape`` key) as a
+    reference into an answer; like ``$result[0].id``, it may start with an index
+    (``[0].email``)."""
+    return parse_ref("$result" + ("" if key.strip().startswith("[") else ".") + key)
+
+
 def expected_reference(raw: Any) -> Ref | None:
     """A verification's expected value as a reference, or None when it is a literal.
 

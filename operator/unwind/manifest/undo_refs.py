@@ -15,7 +15,15 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from .model import ToolManifest
-from .refs import EACH, Ref, RefSyntaxError, Segment, expected_reference, parse_ref
+from .refs import (
+    EACH,
+    Ref,
+    RefSyntaxError,
+    Segment,
+    answer_path,
+    expected_reference,
+    parse_ref,
+)
 
 
 def kept_references(m: ToolManifest, *, staged: bool = False) -> Iterator[tuple[str, Ref]]:
@@ -92,7 +100,7 @@ def guarded_fields(m: ToolManifest) -> list[tuple[str, Ref]]:
     out = []
     for path in v.expect:
         try:
-            ref = parse_ref(f"$result.{path}")
+            ref = answer_path(path)
         except RefSyntaxError:
             continue
         out.append((path, Ref(root="result", path=ref.path, optional=True)))

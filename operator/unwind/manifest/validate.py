@@ -23,7 +23,7 @@ from .issues import Issue, format_path, input_path, issues_from_validation_error
 from .mcp_names import mcp_name
 from .model import TOOL_NAME_PATTERN, UNDOABLE, Effect, Lifecycle, ToolManifest
 from .places import READER_PLACES, names_at
-from .refs import EACH, RefSyntaxError, expected_reference, parse_ref
+from .refs import EACH, RefSyntaxError, answer_path, expected_reference, parse_ref
 from .undo_refs import before_reference, overlaps, redaction_references
 
 Finding = tuple[str, str]
@@ -261,7 +261,7 @@ def expect_key_problem(key: str) -> str | None:
                 "a root (status, items[0].id); $result in an expected value means the call's "
                 "answer, not the read-back's")
     try:
-        ref = parse_ref("$result." + key)
+        ref = answer_path(key)
     except RefSyntaxError as exc:
         return f"{key!r} is not a path in the read-back's answer: {exc}"
     if ref.optional:
@@ -356,7 +356,7 @@ def absence_is_declared_clearly(m: ToolManifest) -> Iterator[Finding]:
                 "(e.g. found: false) or remove shape")
         for key in (a.shape or {}):
             try:
-                parse_ref("$result." + key)
+                answer_path(key)
             except RefSyntaxError as exc:
                 yield f"compensation.verification.absent.shape.{key}", str(exc)
     if c.done_statuses is not None:
