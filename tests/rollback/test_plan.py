@@ -98,12 +98,15 @@ def test_a_tool_that_requires_another_is_undone_before_what_it_requires() -> Non
                              ("note-1", "compensate")]
 
 
-def test_read_only_and_idempotent_entries_are_skipped() -> None:
+def test_read_only_and_idempotent_entries_are_skipped_and_an_idempotent_change_is_left_behind() -> None:
     got = make_plan("run-1", [entry("r", "get_charge", 1), entry("i", "refund", 2)], VERSIONS,
                     now=NOW).to_json()["steps"]
     assert [(s["action"], s["reason"]) for s in got] == [
-        ("skip", "refund is idempotent: nothing to undo"),
+        ("skip", "refund is idempotent: not undone, what its call changed stays"),
         ("skip", "get_charge is read_only: nothing to undo")]
+    # an idempotent call (a file write) changed the world once: the plan says what stays
+    assert got[0]["residue"] and "what refund changed stays" in got[0]["residue"][0]
+    assert got[1]["residue"] == []
 
 
 def test_an_irreversible_entry_is_reported_as_not_undoable() -> None:

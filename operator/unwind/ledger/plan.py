@@ -208,7 +208,9 @@ def plan_entry(entry: Entry, versions: Versions, now: datetime, refs: _Refs | No
 def _undo(entry: Entry, m: ToolManifest, now: datetime, refs: _Refs) -> Step:
     if entry.staged is not None:
         return _discard(entry, entry.staged, m)
-    if m.effect in (Effect.read_only, Effect.idempotent):
+    if m.effect == Effect.idempotent:
+        return _left_changed(entry, m, "")
+    if m.effect == Effect.read_only:
         return _report(entry, "skip", f"{m.tool} is {m.effect}: nothing to undo")
     c = m.compensation
     if m.effect == Effect.irreversible or c is None:
@@ -297,7 +299,9 @@ def _unknown(entry: Entry, m: ToolManifest, note: str, refs: _Refs) -> Step:
     """An entry whose outcome is unknown: found through the lookup, never guessed."""
     what = ("its answer was lost" if entry.state == "uncertain"
             else "its outcome was never recorded (the gateway stopped during the call)")
-    if m.effect in (Effect.read_only, Effect.idempotent):
+    if m.effect == Effect.idempotent:
+        return _left_changed(entry, m, f" ({what}){note}")
+    if m.effect == Effect.read_only:
         return _report(entry, "skip", f"{m.tool} is {m.effect}: nothing to undo, whatever "
                        f"happened{note}")
     if m.effect == Effect.irreversible:
@@ -393,6 +397,16 @@ def _expected(expect: list[tuple[str, Any, Ref | str | None]], handle: Handle,
         else:
             out[path] = value
     return out, missing
+
+
+def _left_changed(entry: Entry, m: ToolManifest, note: str) -> Step:
+    """An idempotent call is safe to repeat, but its first call changed the world (a file
+    written, a record set) and nothing undoes an idempotent tool: not run, and said as what
+    the rollback leaves behind (residue), never as "nothing to undo"."""
+    return Step(entry.id, entry.tool, "skip", None, None,
+                (f"what {m.tool} changed stays: an idempotent tool has no undo (to undo it, "
+                 "declare it reversible, with a capture of what it overwrites)",), False,
+                f"{m.tool} is idempotent: not undone, what its call changed stays{note}")
 
 
 def _report(entry: Entry, action: Action, reason: str) -> Step:

@@ -310,7 +310,7 @@ class _Pass:
         out: list[dict[str, Any]] = []
         skipped = 0
         for s in steps:
-            if s.action == "skip":
+            if s.action == "skip" and not s.residue:  # an idempotent call's change is left
                 skipped += 1
                 continue
             frozen = {**s.to_json(), "index": first + len(out), "attempts": 0,
