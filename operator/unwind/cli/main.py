@@ -8,7 +8,7 @@ which needs the parser whole); each family of commands registers its own in a mo
 its own: check_cmds.py (validate, check, lint, test, schema, init), registry_cmds.py and
 edit_cmds.py (keygen, manifests ...), cluster_cmds.py (operator, dev, probe,
 rotate-signing-key), gateway_cmds.py (gateway, gateway-quit), rollback_cmds.py (plan,
-rollback, undo-step, ledger) and plugin_cmds.py (approve, deny, history, diff, status, and
+rollback, undo-step, ledger; its list and show in ledger_cmds.py) and plugin_cmds.py (approve, deny, history, diff, status, and
 plan/rollback of ledger/NAME). The helpers they use (output.py, usage.py, kubectl.py,
 plans.py, plugin_view.py, reports.py, scaffold.py, completion.py) import no command module.
 Imports go one way only: tests/cli/test_cli_layers.py fails on a cycle.

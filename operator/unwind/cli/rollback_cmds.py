@@ -1,4 +1,5 @@
-"""`unwind plan`, `unwind rollback`, `unwind undo-step` and `unwind ledger export|verify`.
+"""`unwind plan`, `unwind rollback`, `unwind undo-step` and `unwind ledger export|verify`
+(`ledger list|show` are in ledger_cmds.py).
 
 `plan` shows what a rollback of a run will do (pure: it calls nothing); `rollback` runs it
 locally against a ledger file; `undo-step` runs one step (the Job's entry point in a
@@ -22,6 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from . import ledger_cmds
 from .output import add_output_flags, fail, output_format, plural
 from .plans import format_plan, parse_now, parse_selection, show_plan
 
@@ -374,8 +376,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    "(default $UNWIND_SECRETS_DIR; the environment is read too)")
     p.set_defaults(func=cmd_undo_step)
 
-    ledger = sub.add_parser("ledger", help="signed evidence of a run: export and verify")
+    ledger = sub.add_parser("ledger", help="a run's ledger: list and show a local folder's "
+                            "runs, export and verify signed evidence")
     lsub = ledger.add_subparsers(dest="ledger_command", required=True, metavar="COMMAND")
+    ledger_cmds.register(lsub)
     p = lsub.add_parser("export", help="write a signed JSON evidence file of a run",
                         description="Entries, approvals with identities, the plans its "
                         "rollbacks ran and every step's outcome, signed with Ed25519. LEDGER is "
