@@ -36,6 +36,7 @@ def test_the_mcp_door_benchmark_prints_both_doors_in_both_eras() -> None:
     out = subprocess.run([sys.executable, "-m", "benchmarks.mcp_door", "--calls", "20"],
                          cwd=ROOT, env=env(), capture_output=True, text=True, timeout=240)
     assert out.returncode == 0, out.stderr[-3000:]
-    rows = [line for line in out.stdout.splitlines() if line.startswith("| ") and "door |" in line]
+    rows = [line for line in out.stdout.splitlines()
+            if line.startswith(("| JSON-only door", "| streaming door"))]
     assert len(rows) == 4, out.stdout
     assert "handshake era: p50" in out.stdout and "2026-07-28: p50" in out.stdout
