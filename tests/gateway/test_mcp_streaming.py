@@ -242,3 +242,49 @@ def test_the_log_level_key_the_mcp_client_sends_is_the_sdks() -> None:
 
     from unwind.upstream import mcp_client
     assert mcp_client.LOG_LEVEL_META_KEY == mcp_types.LOG_LEVEL_META_KEY
+
+
+def raw_call(gateway: GatewayProc, run: str, version: str, accept: str,
+             meta: dict[str, Any]) -> httpx2.Response:
+    headers = {"X-Unwind-Run": run, "Content-Type": "application/json", "Accept": accept,
+               "MCP-Protocol-Version": version}
+    params: dict[str, Any] = {"name": "notes__slow", "arguments": {"steps": 2, "step_s": 0.05,
+                                                                  "tag": run}, "_meta": meta}
+    if version == "2026-07-28":
+        headers.update({"Mcp-Method": "tools/call", "Mcp-Name": "notes__slow"})
+        params["_meta"] = {**meta, "io.modelcontextprotocol/protocolVersion": version,
+                           "io.modelcontextprotocol/clientCapabilities": {}}
+    return httpx2.post(f"{gateway.url}/mcp", headers=headers, timeout=30, json={
+        "jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": params})
+
+
+@pytest.mark.parametrize("version", ["2025-11-25", "2026-07-28"])
+def test_a_client_that_accepts_only_json_gets_json_even_when_it_asks_for_progress(
+        gateway: GatewayProc, run_name: str, version: str) -> None:
+    r = raw_call(gateway, f"{run_name}-{version[:4]}", version, "application/json",
+                 {"progressToken": "p1"})
+    assert r.status_code == 200, r.text
+    assert r.headers["content-type"].startswith("application/json")
+    assert r.json()["result"]["isError"] is False, r.text
+
+
+def test_a_handshake_era_client_that_only_disconnects_has_not_cancelled_its_call(
+        gateway: GatewayProc, run_name: str) -> None:
+    headers = {"X-Unwind-Run": run_name, "Content-Type": "application/json",
+               "Accept": "application/json, text/event-stream",
+               "MCP-Protocol-Version": "2025-11-25"}
+    body = {"jsonrpc": "2.0", "id": 9, "method": "tools/call", "params": {
+        "name": "notes__slow", "arguments": {"steps": 6, "step_s": 0.25, "tag": run_name},
+        "_meta": {"progressToken": "p9"}}}
+    with httpx2.stream("POST", f"{gateway.url}/mcp", headers=headers, json=body,
+                       timeout=30) as r:
+        assert r.headers["content-type"].startswith("text/event-stream")
+        for line in r.iter_lines():
+            if "notifications/progress" in line:
+                break  # one progress event seen: hang up without a cancellation
+    deadline = time.monotonic() + 20
+    while not gateway.entries(run_name) or gateway.entries(run_name)[0]["state"] == "pending":
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    assert gateway.entries(run_name)[0]["state"] == "succeeded"
+    assert f"slow {run_name} finished" in gateway.log.read_text()

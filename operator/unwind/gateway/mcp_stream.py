@@ -3,7 +3,8 @@ client's cancellation to the upstream.
 
 **Which answer.** A 2026-07-28 request goes to the SDK's streaming entry, which answers
 JSON unless the call emits a notification (then it commits to ``text/event-stream``), so
-a call without progress costs what it did. A handshake-era request is answered as an SSE
+a call without progress costs what it did; a client whose ``Accept`` names no
+``text/event-stream`` gets the JSON-only entry, as before. A handshake-era request is answered as an SSE
 stream when it is a ``tools/call`` that carries a ``progressToken`` and the client accepts
 ``text/event-stream``; every other one as one JSON body, as before (the cheaper answer,
 and the one a client that accepts only ``application/json`` can read).
@@ -134,13 +135,14 @@ class StreamingDoor:
             fields = self.listed_fields()
             send = _adding_fields(send, fields) if fields else send
         version = headers.get("mcp-protocol-version")
+        sse = _accepts_sse(headers.get("accept", ""))
         if version is not None and version not in HANDSHAKE_PROTOCOL_VERSIONS:
-            await self.stream_app(scope, receive, send)
+            # the streaming entry refuses (406) a client that cannot read a stream
+            await (self.stream_app if sse else self.json_app)(scope, receive, send)
             return
         if message.get("method") == "notifications/cancelled":
             self._cancelled(message, headers)
-        stream = (message.get("method") == "tools/call" and _wants_progress(message)
-                  and _accepts_sse(headers.get("accept", "")))
+        stream = message.get("method") == "tools/call" and _wants_progress(message) and sse
         await (self.stream_app if stream else self.json_app)(scope, receive, send)
 
     def _cancelled(self, message: dict[str, Any], headers: dict[str, str]) -> None:
