@@ -5,8 +5,11 @@ known and, in ``_meta``, its effect class and effect contract (undo, lookup, dra
 agent knows before calling what can be undone. ``tools/call`` reads ``_meta``
 (``idempotency_key``, ``stage``, ``dry_run``; a malformed one is refused) and the run from
 the ``X-Unwind-Run`` header, checks the arguments' nesting and size (limits.py; past them
-the call is refused unrecorded), then goes through the same ``Gateway.call`` as REST. The
-answer carries the effect report in ``_meta.effect``; a refusal is a tool error whose
+the call is refused unrecorded), then goes through the same ``Gateway.call`` as REST, in a
+task of its own that relays the upstream's progress and log messages and the client's
+cancellation (mcp_stream.py). The answer carries the effect report in ``_meta.effect``
+(and, asked for in content, where a client that keeps less finds it: report_placed); an MCP
+upstream's result and listing pass on as it sent them; a refusal is a tool error whose
 structured content is the same ``{"error": {...}}`` envelope REST sends.
 """
 
