@@ -144,7 +144,7 @@ def test_redacted_values_never_reach_the_effectledger(
     args = {"order_id": "r1", "amount": 300, "card_token": "tok_SECRET42"}
     upstream.behave("charges.create", "fail", status=400)
     failed = gateway.call("test.charge", args, run=run_name, key="red-1")
-    assert failed.status_code == 502
+    assert failed.status_code == 422  # the upstream's 400: upstream_rejected
     assert "tok_SECRET42" not in failed.text and "[redacted]" in failed.text
     upstream.behave("charges.create", "ok")
     ok = gateway.call("test.charge", args, run=run_name, key="red-2")
@@ -165,7 +165,7 @@ def test_a_failed_call_deletes_its_lease_so_the_key_may_run_again(
                 if (lease.metadata.annotations or {}).get("unwind.dev/run") == run_name]
 
     upstream.behave("comments.create", "fail", status=400)
-    assert gateway.call("github.create_comment", comment, run=run_name, key="f-1").status_code == 502
+    assert gateway.call("github.create_comment", comment, run=run_name, key="f-1").status_code == 422
     assert key_leases() == []
     upstream.behave("comments.create", "ok")
     assert gateway.call("github.create_comment", comment, run=run_name, key="f-2").status_code == 200
