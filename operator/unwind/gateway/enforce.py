@@ -808,9 +808,9 @@ class Gateway:
             return state, Refusal(a.code, f"{text}{tried}", extra)
         if a.kind == "error_status":
             detail = mask_answer(m, a.data, c.secrets) if a.data is not None else text
-            return state, Refusal(upstream_refusal(a.status), f"{p.method} {m.tool}: the upstream answered "
-                                  f"{a.status}{tried}", {"upstream_status": a.status,
-                                                         "upstream": detail})
+            return state, Refusal(upstream_refusal(a.status), f"{p.method} {m.tool}: the "
+                                  f"upstream answered {a.status}{tried}",
+                                  {"upstream_status": a.status, "upstream": detail})
         if a.kind == "not_json":
             return state, Refusal("upstream_error", f"the upstream of {m.tool} answered "
                                   f"{a.status} with a body that is not JSON: {text[:200]}")
