@@ -14,6 +14,9 @@ upstream and evaluated on every call:
   ``MAX_SCHEMA_DEPTH`` levels;
 - the root is an object schema (``type: object``), as MCP requires of ``inputSchema``;
 - ``format`` is an annotation (2020-12's default): not asserted;
+- its references expand to at most ``schema_work.MAX_EXPANSION`` subschemas, its patterns
+  are matched by RE2 (no backtracking), and one check takes at most a budget of steps
+  (``schema_work``: the work of a check is bounded whatever the schema and the arguments);
 - at most ``MAX_ERRORS`` problems are reported per call, each message cut at 200 characters.
 
 Pure: no gateway, no I/O.
@@ -27,7 +30,16 @@ import re
 from collections.abc import Iterator, Sequence
 from itertools import islice
 from typing import Any
-from urllib.parse import unquote
+
+from .schema_work import (
+    MAX_EXPANSION,
+    MAX_STEPS,
+    bounded,
+    budgeted,
+    expansion,
+    pattern_problem,
+    target,
+)
 
 DIALECT = "https://json-schema.org/draft/2020-12/schema"
 # What an MCP upstream may list besides 2020-12 (zod-based servers write draft-07): each is
@@ -101,22 +113,25 @@ def _validator_class(schema: dict[str, Any]) -> Any:
 
 def _points_inside(schema: dict[str, Any], ref: str) -> bool:
     """Whether a ``#...`` reference names a part of ``schema`` (a JSON pointer or an anchor)."""
-    fragment = unquote(ref[1:])
-    if not fragment:
-        return True
-    if not fragment.startswith("/"):
-        anchors = {v for _, k, v in _keys(schema, ("$anchor", "$dynamicAnchor"))}
-        return fragment in anchors
-    node: Any = schema
-    for part in fragment[1:].split("/"):
-        part = part.replace("~1", "/").replace("~0", "~")
-        if isinstance(node, dict) and part in node:
-            node = node[part]
-        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
-            node = node[int(part)]
-        else:
-            return False
-    return True
+    return target(schema, ref) is not None
+
+
+def _work_problems(schema: dict[str, Any], root: str) -> list[tuple[str, str]]:
+    """What would make checking arguments against ``schema`` unbounded work: references that
+    fan out, patterns that need backtracking."""
+    size = expansion(schema)
+    if size > MAX_EXPANSION:
+        return [(root, f"its $refs expand to more than {MAX_EXPANSION} subschemas (definitions "
+                 "that reference each other several times fan out): checking one call could "
+                 "take minutes; reference each definition from fewer places, or inline less")]
+    problems = []
+    for path, key, value in _keys(schema, ("pattern", "patternProperties")):
+        for pattern in (value if key == "patternProperties" and isinstance(value, dict)
+                        else [value]):
+            problem = pattern_problem(pattern)
+            if problem is not None:
+                problems.append((field_path(root, path), problem))
+    return problems
 
 
 def schema_problems(schema: Any, root: str = "input_schema",
@@ -155,6 +170,9 @@ def schema_problems(schema: Any, root: str = "input_schema",
                              "names (under $defs) or fix the reference"))
     if problems:
         return problems
+    problems = _work_problems(schema, root)
+    if problems:
+        return problems
     try:
         _validator_class(schema).check_schema(schema)
     except SchemaError as exc:
@@ -173,7 +191,7 @@ def _compiled(text: str) -> Any:
     # An empty registry that retrieves nothing: a $ref that escapes the schema fails
     # (Unresolvable) instead of reaching the network or the disk.
     schema = json.loads(text)
-    return _validator_class(schema)(schema, registry=Registry())
+    return bounded(_validator_class(schema))(schema, registry=Registry())
 
 
 def compiled(schema: dict[str, Any]) -> Any:
@@ -187,16 +205,19 @@ class SchemaUnusable(Exception):
     reference): the manifest's fault, not the caller's."""
 
 
-def argument_problems(schema: dict[str, Any], arguments: Any,
-                      root: str = "arguments") -> list[tuple[str, str]]:
+def argument_problems(schema: dict[str, Any], arguments: Any, root: str = "arguments", *,
+                      steps: int = MAX_STEPS,
+                      deadline: float | None = None) -> list[tuple[str, str]]:
     """The arguments' problems against ``schema``: ``(field path, message)`` pairs, at most
-    ``MAX_ERRORS``, the shallowest first; empty when they conform."""
+    ``MAX_ERRORS``, the shallowest first; empty when they conform. ``TooMuchWork`` past
+    ``steps`` keyword applications or the ``deadline`` (a ``time.monotonic()``)."""
     from jsonschema.exceptions import ValidationError
     from referencing.exceptions import Unresolvable
 
     validator = compiled(schema)
     try:
-        errors: list[ValidationError] = list(islice(validator.iter_errors(arguments), 32))
+        errors: list[ValidationError] = budgeted(
+            steps, deadline, lambda: list(islice(validator.iter_errors(arguments), 32)))
     except RecursionError:
         raise SchemaUnusable("the schema recurses without end on these arguments (a $ref "
                              "loop?)") from None
