@@ -247,7 +247,7 @@ def build_server(gateway: Gateway, default_run: str | None,
             if not isinstance(arguments, dict):
                 raise Refusal("validation_error", "arguments must be an object")
             check_arguments(arguments)
-            check_call_arguments(m, arguments, gateway.upstream)
+            await check_call_arguments(m, arguments, gateway.upstream)
         except BadArguments as refusal:  # refused at the door, not recorded: no values logged
             log.info("call run=%s tool=%s status=%d outcome=%s fields=%s (not recorded)", run,
                      tool[:128], refusal.status, refusal.code, refusal.where)

@@ -128,7 +128,7 @@ def routes(gateway: Gateway, default_run: str | None) -> list[Route]:
             arguments, stage, dry_run = parse_body(raw)
             check_arguments(arguments)
             served = gateway.catalogue.get(tool)
-            check_call_arguments(served.manifest if served else None, arguments,
+            await check_call_arguments(served.manifest if served else None, arguments,
                                  gateway.upstream)
         except BadArguments as refusal:  # refused at the door, not recorded: no values logged
             log.info("call run=%s entry=%s tool=%s status=%d outcome=%s fields=%s (not "
