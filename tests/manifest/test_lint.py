@@ -93,7 +93,7 @@ def test_the_rule_table_covers_every_targeted_code_once_in_order() -> None:
     assert codes == sorted(codes) == ["L010", "L011", "L012", "L013", "L014", "L015", "L016",
                                       "L017", "L019", "L020", "L021", "L022", "L023", "L024",
                                       "L027", "L030", "L031", "L032", "L033", "L034", "L035", "L036",
-                                      "L037", "L038", "L039", "L040"]
+                                      "L037", "L038", "L039", "L040", "L041", "L042"]
 
 
 def test_l010_a_mutating_tool_without_description_is_a_warning() -> None:
@@ -179,7 +179,7 @@ def test_l017_an_opaque_upstream_schema_is_not_judged() -> None:
         s["shop.create_order"]["compensation"]["argument_map"]["amount"] = "$args.nope"
     schemas = {**SCHEMAS, "shop.create_order": {"type": "object"}}
     findings = lint_changed(change, schemas)
-    assert findings == []
+    assert [f.code for f in findings] == ["L041"]  # open, but no argument is judged (no L017)
 
 
 def test_l019_a_read_only_tool_sharing_a_write_permission_is_a_warning() -> None:

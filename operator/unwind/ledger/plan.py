@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
+from ..manifest.declared import restore_note
 from ..manifest.model import Absent, Effect, ToolManifest
 from ..manifest.refs import Missing, Ref, RefSyntaxError, expected_reference, parse_ref, resolve
 from ..manifest.undo_refs import guarded_fields
@@ -270,6 +271,7 @@ def _undo(entry: Entry, m: ToolManifest, now: datetime, refs: _Refs) -> Step:
         reason = f"{m.effect}: {c.tool} makes amends{captured}{verified}{guard}"
         if c.residue:
             reason += "; it leaves residue"
+    reason += restore_note(m)  # an update undone by writing back only some of its fields
     return Step(entry.id, entry.tool, kind, c.tool, undo_args, tuple(c.residue),
                 c.requires_approval, reason, read_back, c.timeout_ms)
 

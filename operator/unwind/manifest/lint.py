@@ -33,6 +33,7 @@ from urllib.parse import urlsplit
 
 from .canonical import canonical_json
 from .keys import placeholders
+from .lint_trust import l041_open_input_schema, l042_batch_undone_by_the_callers_names
 from .model import Effect, Lifecycle, ToolManifest
 from .refs import RefSyntaxError, parse_ref
 from .undo_refs import kept_references, redacted_needs
@@ -574,6 +575,8 @@ RULES: tuple[Rule, ...] = (
     Rule("L038", "info", l038_todo),
     Rule("L039", "warning", l039_update_undone_without_before),
     Rule("L040", "warning", l040_idempotent_overwrite),
+    Rule("L041", "warning", l041_open_input_schema),
+    Rule("L042", "warning", l042_batch_undone_by_the_callers_names),
 )
 
 
