@@ -129,6 +129,51 @@ def self_inverse_problem(m: ToolManifest) -> str | None:
             "another place (a move: from: $args.to, to: $args.from)")
 
 
+def self_inverse_reads_the_prior_state(m: ToolManifest) -> Iterator[Finding]:
+    """A tool that is its own inverse puts back a prior state: the undo and its read-back
+    take that state from what the system said (``$before``, the capture's read; or
+    ``$result``), never from the call's own arguments alone, which are the agent's claim
+    (``mail.move`` undone to the folder the agent *said* the message came from, and read
+    back as that folder, records ``undone`` whatever happened). An argument passed back
+    under its own name (``id: $args.id``) names the thing, and is fine."""
+    c = m.compensation
+    if c is None or c.tool != m.tool or self_inverse_problem(m) is not None:
+        return
+    identity: set[str] = set()
+    claims: list[str] = []
+    told = False
+    for name, raw in c.argument_map.items():
+        try:
+            ref = parse_ref(raw)
+        except RefSyntaxError:
+            return  # references_parse_and_read_allowed_roots says so
+        if ref.root == "args" and ref.path[:1] == (name,):
+            identity.add(name)
+        elif ref.root == "args":
+            claims.append(f"{name}: {raw.strip()}")
+        elif ref.root in ("before", "result"):
+            told = True
+    fix = ("capture the state before the call (capture: {tool: <a read_only tool>, arguments: "
+           "{...}}) and read it as $before.<field>, or take it from the call's answer "
+           "($result.<field>)")
+    if claims and not told:
+        yield "compensation.argument_map", (
+            f"{m.tool} undoes itself with the call's own arguments only ({', '.join(claims)}): "
+            "the prior state it puts back is what the agent claimed, which the upstream may "
+            f"never have checked; {fix}")
+    v = c.verification
+    for path, raw in (v.expect.items() if v is not None else ()):
+        try:
+            expected = expected_reference(raw)
+        except RefSyntaxError:
+            continue  # verification_expect_parses says so
+        if expected is not None and expected.root == "args" and expected.path \
+                and str(expected.path[0]) not in identity:
+            yield f"compensation.verification.expect.{path}", (
+                f"expects {raw.strip()}, the state the agent claimed before the call: a read-back "
+                f"of the claim confirms the claim, not the prior state; {fix}")
+
+
 def requires_has_no_duplicates(m: ToolManifest) -> Iterator[Finding]:
     seen: set[str] = set()
     for i, req in enumerate(m.requires):
@@ -530,6 +575,7 @@ MANIFEST_RULES: tuple[Rule, ...] = (
     compensation_matches_effect,
     irreversible_needs_approval,
     no_self_reference,
+    self_inverse_reads_the_prior_state,
     requires_has_no_duplicates,
     references_parse_and_read_allowed_roots,
     before_needs_a_capture,
