@@ -136,10 +136,12 @@ def _disabled(values: Sequence[str] | None) -> set[str]:
     return codes
 
 
-def mcp_tools(target: Any, timeout_s: float = 20.0) -> list[dict[str, Any]]:
+def mcp_tools(target: Any, timeout_s: float = 20.0, *, label: str | None = None) -> list[dict[str, Any]]:
     """Every tool an MCP server lists (all pages), as the protocol writes them (name,
     description, inputSchema, annotations). ``target`` is a streamable HTTP URL, or
-    anything else the SDK's ``Client`` takes (tests pass a server object)."""
+    anything else the SDK's ``Client`` takes (a stdio transport; tests pass a server
+    object); ``label`` names it in messages (default: ``target`` itself)."""
+    label = label or str(target)
     import anyio
     from mcp import Client
 
@@ -159,12 +161,12 @@ def mcp_tools(target: Any, timeout_s: float = 20.0) -> list[dict[str, Any]]:
     try:
         return anyio.run(read)
     except TimeoutError as exc:
-        raise _Stop("upstream", f"{target}: no tools/list answer within {timeout_s:g}s") from exc
+        raise _Stop("upstream", f"{label}: no tools/list answer within {timeout_s:g}s") from exc
     except Exception as exc:  # the SDK raises many kinds; each means the list was not read
         reason = str(exc) or type(exc).__name__
         if isinstance(exc, BaseExceptionGroup) and exc.exceptions:
             reason = str(exc.exceptions[0]) or type(exc.exceptions[0]).__name__
-        raise _Stop("upstream", f"{target}: cannot read the MCP server's tools/list: {reason}") from exc
+        raise _Stop("upstream", f"{label}: cannot read the MCP server's tools/list: {reason}") from exc
 
 
 def _upstream_urls(urls: Sequence[str] | None) -> dict[str, dict[str, Any]]:
@@ -342,96 +344,6 @@ def cmd_init(args: argparse.Namespace) -> int:
         print(f"next: fill in the TODOs, then `unwind validate {manifests} && unwind lint --strict "
               f"{manifests} && unwind test {tests} -m {manifests}`")
     return 0
-
-
-# ---- manifests scaffold -----------------------------------------------------------------------
-
-def _read_document(path: str) -> Any:
-    import yaml
-
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise _Stop("io", f"{path}: cannot read: {exc}") from exc
-    try:
-        return json.loads(text) if path.endswith(".json") else yaml.safe_load(text)
-    except (ValueError, yaml.YAMLError) as exc:
-        raise _Stop("invalid", f"{path}: not JSON or YAML: {str(exc).splitlines()[0]}") from exc
-
-
-def cmd_scaffold(args: argparse.Namespace) -> int:
-    """Write draft manifests for every tool of an MCP server or an OpenAPI document."""
-    from ..manifest.loader import check_texts
-    from ..manifest.scaffold import ScaffoldError, from_mcp, from_openapi
-
-    fmt = output_format(args)
-    out = Path(args.dir)
-    try:
-        if args.from_mcp:
-            drafts = from_mcp(mcp_tools(args.from_mcp), args.from_mcp, args.prefix or "")
-        else:
-            doc = _read_document(args.from_openapi)
-            if not isinstance(doc, dict):
-                raise _Stop("invalid", f"{args.from_openapi}: not an OpenAPI document (a mapping)")
-            drafts = from_openapi(doc, args.base_url, args.prefix or "", args.from_openapi)
-    except _Stop as stop:
-        return fail(args, stop.code, stop.message)
-    except ScaffoldError as exc:
-        return fail(args, "invalid", f"{args.from_openapi or args.from_mcp}: {exc}")
-    if not drafts:
-        return fail(args, "invalid", "the source lists no tool: nothing to write")
-    names = [d.filename for d in drafts]
-    clash = sorted({n for n in names if names.count(n) > 1})
-    existing = [str(out / n) for n in names if (out / n).exists()]
-    if clash or existing:
-        what = (f"two tools would be written to {', '.join(clash)}" if clash else
-                f"{', '.join(existing[:5])} already exist{'s' if len(existing) == 1 else ''}")
-        return fail(args, "exists", f"{what}: nothing written (scaffold never overwrites; "
-                    "give another --dir or --prefix)")
-    issues = check_texts({str(out / d.filename): d.text for d in drafts})
-    if issues:  # a bug of scaffold, never the user's: say so rather than write broken drafts
-        return fail(args, "internal", "the drafts do not validate, nothing written: "
-                    + "; ".join(str(i) for i in issues[:5]))
-    out.mkdir(parents=True, exist_ok=True)
-    for d in drafts:
-        with open(out / d.filename, "x", encoding="utf-8") as handle:
-            handle.write(d.text)
-    todos = sum(len(d.todos) for d in drafts)
-    if fmt != "text":
-        emit({"ok": True, "written": [str(out / d.filename) for d in drafts],
-              "tools": [{"tool": d.tool, "file": str(out / d.filename), "todos": d.todos,
-                         "notes": d.notes} for d in drafts]}, fmt)
-        return 0
-    for d in drafts:
-        extra = f" ({plural(len(d.todos), 'TODO')})" if d.todos else ""
-        print(f"wrote {out / d.filename}{extra}")
-        for note in d.notes:
-            print(f"  note: {note}")
-    print(f"{plural(len(drafts), 'draft manifest')}, {plural(todos, 'TODO')} to resolve. next: "
-          f"`unwind lint {out}` lists each TODO (L038); review the suggested effects, then set "
-          "lifecycle: approved")
-    return 0
-
-
-def register_scaffold(sub: Any) -> None:
-    """`unwind manifests scaffold` (added to the `manifests` group)."""
-    p = sub.add_parser("scaffold", help="write draft manifests from an MCP server or an OpenAPI "
-                       "document", description="Write one draft manifest (lifecycle: draft) per "
-                       "tool: input schema and schema_hash from the source, effects suggested "
-                       "from MCP annotations or HTTP methods, URL templates from OpenAPI paths, "
-                       "and # TODO comments where a person must decide (unwind lint lists them "
-                       "as L038). Never overwrites a file.")
-    source = p.add_mutually_exclusive_group(required=True)
-    source.add_argument("--from-mcp", metavar="URL", help="an MCP server's streamable HTTP URL")
-    source.add_argument("--from-openapi", metavar="FILE", help="an OpenAPI 3 document (JSON or YAML)")
-    p.add_argument("--dir", default="manifests",
-                   help="folder to write <tool>.yaml files to (default manifests)")
-    p.add_argument("--prefix", help="put before each tool name, e.g. memory. (also names the "
-                   "suggested permissions)")
-    p.add_argument("--base-url", help="OpenAPI: the API's URL, when the document's servers do "
-                   "not give an absolute one")
-    add_output_flags(p)
-    p.set_defaults(func=cmd_scaffold)
 
 
 # ---- wiring ----------------------------------------------------------------------------------

@@ -41,8 +41,9 @@ from ..registry.config import signing_key_path
 from ..registry.index import format_time
 from ..registry.records import IndexEntry
 from ..registry.storage import Storage
-from .check_cmds import add_input_args, cmd_validate, register_scaffold
+from .check_cmds import add_input_args, cmd_validate
 from .output import add_output_flags, emit, fail, machine, output_format, plural, table
+from .scaffold_cmds import register_scaffold
 
 Handler = Callable[[argparse.Namespace], int]
 

@@ -17,17 +17,19 @@ undone, what an undo leaves behind, how the undo is read back, the credentials) 
 
 from __future__ import annotations
 
-import io
 import re
+import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedMap
 
+from .input_schema import schema_problems
 from .lint import schema_hash_of
 from .model import TOOL_NAME_PATTERN, ToolManifest
+from .openapi_refs import Defs, TooLarge, deref
+from .scaffold_yaml import draft_problem, dump, escaped, plain
 
 _TOOL_NAME = re.compile(TOOL_NAME_PATTERN)
 _NOT_NAME = re.compile(r"[^A-Za-z0-9_.:/-]+")
@@ -36,7 +38,6 @@ _ARG_NAME = re.compile(r"[A-Za-z0-9_-]+")
 _METHODS = ("get", "put", "post", "patch", "delete")
 _UNDO_WORDS = {"create": ("delete", "remove"), "add": ("remove", "delete"),
                "insert": ("delete", "remove"), "open": ("close",), "start": ("stop", "cancel")}
-_MAX_REF_DEPTH = 32
 
 
 class ScaffoldError(ValueError):
@@ -52,6 +53,7 @@ class Draft:
     text: str
     todos: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # what was left out, for the command's report
+    data: Any = None  # what the text means (plain JSON values): a re-read must find exactly it
 
 
 @dataclass
@@ -71,6 +73,7 @@ class _Tool:
     read_back: str | None = None
     auth_todo: str | None = None
     notes: list[str] = field(default_factory=list)
+    keep_schema: bool = True  # write input_schema (an HTTP tool's, when it is bounded)
 
 
 def tool_name(text: str, prefix: str = "") -> str:
@@ -104,26 +107,50 @@ def _mcp_effect(annotations: Mapping[str, Any]) -> tuple[str, str, str | None]:
     return "compensable", "suggested from destructiveHint: false (it adds); review", None
 
 
-def from_mcp(tools: Sequence[Mapping[str, Any]], url: str, prefix: str = "") -> list[Draft]:
+def _source_name_problem(name: str) -> str | None:
+    """Why an MCP server's tool name cannot be adopted as it is, or None. MCP asks for 1 to
+    128 letters, digits, ``_``, ``-`` and ``.``; Unwind's tool names allow ``:`` and ``/``
+    too. A name outside that is refused rather than changed: the draft's ``upstream.mcp.tool``
+    must be the exact name the server answers to, and no real server needs more."""
+    if _TOOL_NAME.fullmatch(name) and "\n" not in name:
+        return None
+    return (f"its name '{escaped(name[:80])}{'...' if len(name) > 80 else ''}' is not a tool name "
+            "(1 to 128 letters, digits and _ . : / -): not scaffolded; write its manifest by "
+            "hand if the server really names it so")
+
+
+def from_mcp(tools: Sequence[Mapping[str, Any]], server: str | Sequence[str], prefix: str = "",
+             skipped: list[str] | None = None) -> list[Draft]:
     """Drafts for each tool of an MCP ``tools/list`` (each a mapping with ``name``,
-    ``description``, ``inputSchema``, ``annotations``, as the protocol writes them)."""
+    ``description``, ``inputSchema``, ``annotations``, as the protocol writes them).
+    ``server`` is the streamable HTTP URL, or the stdio command (argv) the drafts name in
+    ``upstream.mcp``. Tools whose names cannot be adopted are left out, each with a line
+    in ``skipped``."""
     parsed: list[_Tool] = []
     for raw in tools:
         source_name = str(raw.get("name") or "")
         if not source_name:
+            continue
+        problem = _source_name_problem(source_name)
+        if problem is not None:
+            if skipped is not None:
+                skipped.append(problem)
             continue
         schema = raw.get("inputSchema")
         schema = dict(schema) if isinstance(schema, Mapping) else {"type": "object"}
         annotations = raw.get("annotations")
         effect, why, todo = _mcp_effect(annotations if isinstance(annotations, Mapping) else {})
         upstream = CommentedMap()
-        upstream["mcp"] = CommentedMap([("url", url), ("tool", source_name)])
+        where: Any = ("url", server) if isinstance(server, str) else ("command", list(server))
+        upstream["mcp"] = CommentedMap([where, ("tool", source_name)])
         description = raw.get("description")
         parsed.append(_Tool(tool_name(source_name, prefix), source_name,
                             str(description).strip() if description else None, schema, effect,
                             why, todo, upstream))
     _pair_undos(parsed)
-    return [_write(t, prefix, f"--from-mcp {url}", mcp=True) for t in parsed]
+    command = (f"--from-mcp {server}" if isinstance(server, str)
+               else "--from-mcp -- " + shlex.join(server))
+    return [_write(t, prefix, command, mcp=True) for t in parsed]
 
 
 def _pair_undos(tools: list[_Tool]) -> None:
@@ -161,26 +188,6 @@ def _pair_undos(tools: list[_Tool]) -> None:
 
 # ---- OpenAPI ----------------------------------------------------------------------------------
 
-def _resolve(doc: Mapping[str, Any], node: Any, depth: int = 0) -> Any:
-    """``node`` with local ``$ref``s (``#/components/...``) replaced by what they point at."""
-    if depth > _MAX_REF_DEPTH:
-        return {}
-    if isinstance(node, Mapping):
-        ref = node.get("$ref")
-        if isinstance(ref, str):
-            if not ref.startswith("#/"):
-                return {}  # a remote reference: left opaque
-            target: Any = doc
-            for part in ref[2:].split("/"):
-                part = part.replace("~1", "/").replace("~0", "~")
-                target = target.get(part) if isinstance(target, Mapping) else None
-            return _resolve(doc, target, depth + 1) if target is not None else {}
-        return {k: _resolve(doc, v, depth + 1) for k, v in node.items()}
-    if isinstance(node, list):
-        return [_resolve(doc, v, depth + 1) for v in node]
-    return node
-
-
 def _base_url(doc: Mapping[str, Any], base_url: str | None) -> str:
     if base_url:
         chosen = base_url
@@ -199,44 +206,55 @@ def _base_url(doc: Mapping[str, Any], base_url: str | None) -> str:
     return chosen.rstrip("/")
 
 
-def _input_schema(doc: Mapping[str, Any], op: Mapping[str, Any],
-                  shared: Sequence[Any]) -> tuple[dict[str, Any], list[str], list[str]]:
+def _input_schema(doc: Mapping[str, Any], op: Mapping[str, Any], shared: Any, defs: Defs) -> tuple[dict[str, Any], list[str], list[str]]:
     """(the operation's input schema, its path parameters, notes) from its parameters and
-    its JSON request body."""
+    its JSON request body; referenced schemas stay references, under ``$defs``."""
     props: dict[str, Any] = {}
     required: list[str] = []
     path_params: list[str] = []
     notes: list[str] = []
-    params = [*shared, *(op.get("parameters") or [])]
+    needed: dict[str, Any] = {}
+
+    def copy(node: Any) -> Any:
+        copied, wants = defs.schema(node)
+        needed.update(wants)
+        return copied
+    params = [p for given in (shared, op.get("parameters")) if isinstance(given, list) for p in given]
     for raw in params:
-        p = _resolve(doc, raw)
+        p = deref(doc, raw)
         if not isinstance(p, Mapping) or not isinstance(p.get("name"), str):
             continue
         where, name = p.get("in"), p["name"]
         if where not in ("path", "query"):
-            notes.append(f"{where} parameter {name!r} left out (set it in upstream.headers)")
+            notes.append(f"{escaped(str(where))} parameter {escaped(name)!r} left out (set it in "
+                         "upstream.headers)")
             continue
-        props[name] = dict(p.get("schema") or {})
+        schema = copy(p.get("schema") or {})
+        props[name] = schema if isinstance(schema, dict) else {}
         if p.get("description"):
             props[name].setdefault("description", str(p["description"]))
         if where == "path":
             path_params.append(name)
         if p.get("required") or where == "path":
             required.append(name)
-    body = _resolve(doc, op.get("requestBody") or {})
+    body = deref(doc, op.get("requestBody") or {})
     content = body.get("content") if isinstance(body, Mapping) else None
     json_body = content.get("application/json") if isinstance(content, Mapping) else None
-    schema = json_body.get("schema") if isinstance(json_body, Mapping) else None
+    schema = deref(doc, json_body.get("schema")) if isinstance(json_body, Mapping) else None
     if isinstance(schema, Mapping):
         body_props = schema.get("properties")
         if isinstance(body_props, Mapping):
-            props.update({str(k): v for k, v in body_props.items()})
-            required += [str(n) for n in schema.get("required") or [] if str(n) not in required]
+            props.update({str(k): copy(v) for k, v in body_props.items()})
+            listed = schema.get("required")
+            required += [str(n) for n in (listed if isinstance(listed, list) else [])
+                         if str(n) not in required]
         else:
             notes.append("the JSON body is not an object with properties: its schema is left out")
     out: dict[str, Any] = {"type": "object", "properties": props}
     if required:
         out["required"] = required
+    if needed:
+        out["$defs"] = dict(sorted(needed.items()))
     return out, path_params, notes
 
 
@@ -253,18 +271,24 @@ def from_openapi(doc: Mapping[str, Any], base_url: str | None = None, prefix: st
     if not isinstance(doc.get("paths"), Mapping):
         raise ScaffoldError("not an OpenAPI document: it has no paths mapping")
     base = _base_url(doc, base_url)
-    secured = bool(doc.get("security")) or bool((doc.get("components") or {}).get("securitySchemes"))
+    components = doc.get("components")
+    secured = bool(doc.get("security")) or (isinstance(components, Mapping)
+                                            and bool(components.get("securitySchemes")))
     tools: list[_Tool] = []
     by_route: dict[tuple[str, str], _Tool] = {}
+    defs = Defs(doc)
     for path, item in doc["paths"].items():
         if not isinstance(item, Mapping):
             continue
-        shared = item.get("parameters") or []
+        shared = item.get("parameters")
         for method in _METHODS:
             op = item.get(method)
             if not isinstance(op, Mapping):
                 continue
-            schema, path_params, notes = _input_schema(doc, op, shared)
+            try:
+                schema, path_params, notes = _input_schema(doc, op, shared, defs)
+            except TooLarge as exc:
+                raise ScaffoldError(str(exc)) from None
             source_name = str(op.get("operationId") or f"{method}_{path}")
             effect, why = {
                 "get": ("read_only", "suggested from GET; review"),
@@ -286,9 +310,16 @@ def from_openapi(doc: Mapping[str, Any], base_url: str | None = None, prefix: st
             bad = [n for n in path_params if not _ARG_NAME.fullmatch(n)]
             if bad:
                 notes.append(f"path parameters {bad} are not argument names: rename them in the URL")
+            notes += defs.notes
+            defs.notes = []
+            problems = schema_problems(schema)
+            if problems:  # too large, or references that fan out: not an argument schema
+                where, why_not = problems[0]
+                notes.append(f"its input schema is left out ({where} {why_not}): write "
+                             "input_schema by hand")
             t = _Tool(tool_name(source_name, prefix), f"{method.upper()} {path}",
                       str(description).strip() if description else None, schema, effect, why,
-                      todo, upstream, notes=notes)
+                      todo, upstream, notes=notes, keep_schema=not problems)
             if secured or op.get("security"):
                 t.auth_todo = ("the API needs credentials: add headers: {Authorization: "
                                "{secretKeyRef: {name: <secret>, key: <key>}}}")
@@ -324,8 +355,9 @@ def _pair_rest_undo(t: _Tool, by_route: Mapping[tuple[str, str], _Tool]) -> None
 def _write(t: _Tool, prefix: str, command: str, mcp: bool) -> Draft:
     todos: list[str] = []
     m = CommentedMap()
-    m.yaml_set_start_comment(
-        f"Draft written by `unwind manifests scaffold {command}` from {t.source_name}.\n"
+    m.yaml_set_start_comment(  # source text in a comment is escaped (scaffold_yaml.py)
+        f"Draft written by `unwind manifests scaffold {escaped(command)}` from "
+        f"{escaped(t.source_name)}.\n"
         "Review each value marked 'suggested', resolve each TODO (`unwind lint` lists them),\n"
         "then set lifecycle: approved.")
     m["tool"] = t.name
@@ -340,7 +372,7 @@ def _write(t: _Tool, prefix: str, command: str, mcp: bool) -> Draft:
     m.yaml_add_eol_comment("suggested; review", "permission")
     m["lifecycle"] = "draft"
     m["schema_hash"] = schema_hash_of(t.schema)
-    if not mcp and "input_schema" in ToolManifest.model_fields:
+    if not mcp and t.keep_schema and "input_schema" in ToolManifest.model_fields:
         m["input_schema"] = t.schema
     m["upstream"] = t.upstream
     if t.auth_todo:
@@ -350,13 +382,14 @@ def _write(t: _Tool, prefix: str, command: str, mcp: bool) -> Draft:
         c = CommentedMap()
         c["tool"] = t.undo
         c["argument_map"] = CommentedMap(t.undo_map)
-        undo_todo = (f"check that {t.undo} undoes this call and that each argument is read "
+        undo_todo = (f"check that {escaped(t.undo)} undoes this call and that each argument is read "
                      "from the right place ($args: the call's arguments, $result: its answer)")
         c["residue"] = []
         residue_todo = ("list what a rollback leaves behind (an e-mail sent, an id used up), or "
                         "set kind: inverse and effect: reversible if nothing remains")
         c.yaml_set_comment_before_after_key("residue", before="TODO: " + residue_todo, indent=2)
-        verify = (f"add verification: {{tool: {t.read_back}, arguments: {{...}}, absent: true}} "
+        verify = (f"add verification: {{tool: {escaped(t.read_back or '')}, arguments: {{...}}, "
+                  "absent: true} "
                   "so a rollback is read back" if t.read_back else
                   "add verification: a read-only tool that reads the thing back, with expect or "
                   "absent, so a rollback is read back")
@@ -365,12 +398,13 @@ def _write(t: _Tool, prefix: str, command: str, mcp: bool) -> Draft:
             "compensation", before="TODO: " + undo_todo + "\nTODO: " + verify, indent=0)
         todos += ["compensation: " + undo_todo, "compensation: " + verify,
                   "compensation.residue: " + residue_todo]
-    buffer = io.StringIO()
-    yaml = YAML()
-    yaml.width = 100
-    yaml.indent(mapping=2, sequence=4, offset=2)
-    yaml.dump(m, buffer)
-    return Draft(t.name, _filename(t.name), buffer.getvalue(), todos, t.notes)
+    text = dump(m)
+    data = plain(m)
+    problem = draft_problem(text, data)
+    if problem is not None:  # a bug of the scaffold's, or a source it cannot write safely
+        raise ScaffoldError(f"the draft of {escaped(t.name)} would not read back as written "
+                            f"({problem}): nothing written")
+    return Draft(t.name, _filename(t.name), text, todos, t.notes, data)
 
 
 def _filename(tool: str) -> str:
