@@ -249,6 +249,11 @@ class Upstream(Strict):
     timeout_ms: OptDuration = None
     mcp: McpUpstream | None = None
     send_placeholder_args: bool | None = Field(None, description="Send an argument that fills a URL placeholder in the body or query too (default: only in the URL).")
+    redirects: Literal["same_origin"] | None = Field(
+        None, description="Follow the upstream's redirects within its own scheme, host and port "
+                          "(at most 5). Unset: a 3xx is the upstream's answer and is not followed. "
+                          "A redirect to another origin is never followed: it would carry the "
+                          "tool's headers (secrets) and the call's body there.")
     max_response_bytes: int | None = Field(
         None, ge=1024, le=16 * 1024 * 1024,
         description="How many bytes of the upstream's answer (after decompression) the gateway "

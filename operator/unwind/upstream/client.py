@@ -110,7 +110,9 @@ class Answer:
         or it failed on the server's side after receiving it."""
         if self.kind in ("timeout", "lost", "not_json", "too_large"):
             return True
-        return self.kind == "error_status" and (self.status or 0) >= 500
+        # a 301/302/303 may come after the upstream acted (post, then redirect to the result)
+        return self.kind == "error_status" and ((self.status or 0) >= 500
+                                                or self.status in (301, 302, 303))
 
 
 def fill_url(template: str, arguments: dict[str, Any]) -> str:
@@ -238,16 +240,35 @@ class Upstream:
         return answer
 
     async def _http(self, p: Prepared) -> Answer:
-        body = p.arguments if p.method in ("POST", "PUT", "PATCH") else None
+        method = p.method
+        body = p.arguments if method in ("POST", "PUT", "PATCH") else None
         params = None if body is not None or not p.arguments else {
             k: _query_value(v) for k, v in p.arguments.items()}
-        timeout = aiohttp.ClientTimeout(total=p.timeout_s)
+        url = yarl.URL(p.url, encoded=True)
+        deadline = asyncio.get_running_loop().time() + p.timeout_s
         try:
-            async with self.session().request(p.method, yarl.URL(p.url, encoded=True), json=body,
-                                              params=params, headers=p.headers,
-                                              timeout=timeout) as response:
-                status = response.status
-                raw = await _read_capped(response, p.max_response_bytes)
+            for hops in range(MAX_REDIRECTS + 1):
+                left = max(0.001, deadline - asyncio.get_running_loop().time())
+                # Redirects are never followed by aiohttp: it would carry the tool's headers
+                # (its Secrets) and the body to wherever the upstream points (it drops only
+                # Authorization and cookies across origins). _redirect decides instead.
+                async with self.session().request(method, url, json=body, params=params,
+                                                  headers=p.headers, allow_redirects=False,
+                                                  timeout=aiohttp.ClientTimeout(total=left)) as response:
+                    status = response.status
+                    if _is_redirect(status):
+                        follow, said = _redirect(p, url, response.headers.get("Location"), hops)
+                        if follow is None:
+                            response.close()
+                            return Answer("error_status", status, None, said)
+                        url, params = follow, None  # the Location carries its own query
+                        if status == 303 or (status in (301, 302) and method == "POST"):
+                            method, body = "GET", None  # as every HTTP client does
+                        continue
+                    raw = await _read_capped(response, p.max_response_bytes)
+                    break
+            else:  # _redirect stops at MAX_REDIRECTS: never reached
+                return Answer("error_status", None, None, f"{p.where}: too many redirects")
         except aiohttp.ClientConnectorError as exc:
             return Answer("not_sent", text=f"{p.where}: cannot connect: {_short(exc, p)}",
                           sent=False)
@@ -299,12 +320,14 @@ class Upstream:
         return mcp_answer(result, p.where)
 
     async def list_mcp_tools(self, mcp: McpUpstream | str, headers: dict[str, str] | None = None,
-                             timeout_s: float = 10.0) -> dict[str, dict[str, Any]]:
+                             timeout_s: float = 10.0,
+                             keep: frozenset[str] | None = None) -> dict[str, dict[str, Any]]:
         """Every tool an MCP upstream lists (a URL, or a manifest's ``upstream.mcp``), as
-        its tools/list entry (``inputSchema``, ``outputSchema``, ``annotations``...)."""
+        its tools/list entry (``inputSchema``, ``outputSchema``, ``annotations``...); with
+        ``keep``, only those it names (``McpClients.list_tools``: the listing's budget)."""
         if isinstance(mcp, str):
             mcp = McpUpstream(url=mcp, tool="")
-        tools = await self.mcp.list_tools(mcp_server(mcp, headers or {}), timeout_s)
+        tools = await self.mcp.list_tools(mcp_server(mcp, headers or {}), timeout_s, keep)
         return {t["name"]: t for t in tools}
 
     async def list_mcp_schemas(self, mcp: McpUpstream | str, headers: dict[str, str] | None = None,
@@ -339,6 +362,41 @@ def mcp_answer(result: Any, where: str = "the MCP tool") -> Answer:
 
 
 _NOT_JSON = object()
+MAX_REDIRECTS = 5  # with upstream.redirects: same_origin
+
+
+def _is_redirect(status: int) -> bool:
+    return 300 <= status < 400 and status != 304
+
+
+def _redirect(p: Prepared, url: yarl.URL, location: str | None,
+              hops: int) -> tuple[yarl.URL | None, str]:
+    """Where to go next for a 3xx, or (None, why it is the answer). Only with
+    ``upstream.redirects: same_origin``, to the same scheme, host and port, and at most
+    ``MAX_REDIRECTS`` times; a redirect elsewhere is never followed."""
+    try:
+        target = url.join(yarl.URL(location)) if location else None
+    except ValueError:
+        target = None
+    where = f"a redirect to {target.origin()}" if target is not None and target.absolute \
+        else "a redirect with no usable Location"
+    opted = p.manifest.upstream is not None and p.manifest.upstream.redirects == "same_origin"
+    if target is not None and target.absolute and opted and target.origin() == url.origin() \
+            and hops < MAX_REDIRECTS:
+        return target, ""
+    if opted and (target is None or not target.absolute):
+        why = "there is nowhere to follow it to"
+    elif opted and target is not None and target.origin() != url.origin():
+        why = ("another origin: a redirect there is never followed, since it would carry the "
+               "tool's headers and the call's body; if the API moved, change upstream.url")
+    elif opted:
+        why = f"more than {MAX_REDIRECTS} redirects in a row"
+    else:
+        why = ("the gateway does not follow redirects (they would carry the tool's headers and "
+               "the call's body wherever the upstream points): if the API moved, change "
+               "upstream.url; to follow redirects within its scheme, host and port, set "
+               "upstream.redirects: same_origin")
+    return None, f"{p.where} answered with {where}: {why}"
 
 
 def _query_value(value: Any) -> str:
