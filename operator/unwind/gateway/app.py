@@ -139,9 +139,14 @@ async def learn_schemas(gateway: Gateway) -> None:
     servers = {s.manifest.upstream.mcp.target: s.manifest.upstream.mcp  # URL or command
                for s in gateway.catalogue.tools()
                if s.manifest.upstream is not None and s.manifest.upstream.mcp is not None}
+    named: dict[str, set[str]] = {}  # server -> the tools some manifest routes to there
+    for s in gateway.catalogue.tools():
+        mcp_of = s.manifest.upstream.mcp if s.manifest.upstream is not None else None
+        if mcp_of is not None:
+            named.setdefault(mcp_of.target, set()).add(mcp_of.tool)
     for url, mcp in sorted(servers.items(), key=lambda item: item[0]):
-        try:
-            listed = await gateway.upstream.list_mcp_tools(mcp)
+        try:  # only what some manifest names is kept: a huge listing costs one page at a time
+            listed = await gateway.upstream.list_mcp_tools(mcp, keep=frozenset(named[url]))
         except Exception as exc:
             log.warning("cannot list the tools of MCP upstream %s: %s; schema drift is not "
                         "checked for its tools", url, str(exc).splitlines()[0] if str(exc) else exc)

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import shlex
@@ -68,6 +69,11 @@ _REFUSED_CODES = {-32601: "method not found", -32602: "invalid params"}
 # mcp_types.LOG_LEVEL_META_KEY, not imported: the SDK loads on the first MCP call (27 MB)
 LOG_LEVEL_META_KEY = "io.modelcontextprotocol/logLevel"
 DEFAULT_CAP = 4 * 1024 * 1024  # the manifest's default max_response_bytes
+# One tools/list, every page together (issue 29, item 7): 30 pages of 3.5 MiB once took the
+# gateway to 345 MiB, and the sidecar has 128 Mi. Each page is still capped at DEFAULT_CAP;
+# past either total the listing stops, keeping what it found.
+LIST_BYTES = 16 * 1024 * 1024
+LIST_TOOLS = 5_000
 FailureKind = Literal["not_sent", "timeout", "lost", "cancelled", "too_large", "refused"]
 
 
@@ -124,6 +130,7 @@ class _Transport(httpx2.AsyncBaseTransport):
         self.session_gone = False   # 404 to a request carrying Mcp-Session-Id
         self.reached = False        # a request of this call reached the server
         self.unreachable = ""       # a connection could not be made
+        self.received = getattr(self, "received", 0)  # answer bytes, every call (a listing's total)
 
     async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
         if request.method == "POST":
@@ -175,6 +182,7 @@ class _CappedStream(httpx2.AsyncByteStream):
         size = 0
         async for chunk in self.stream:
             size += len(chunk)
+            self.owner.received += len(chunk)
             if size > self.cap:
                 self.owner.problem = (f"answered with more than {self.cap} bytes, so the "
                                       "answer was not read; if it is meant to be this large, "
@@ -569,8 +577,11 @@ class McpClients:
                              "upstream.max_response_bytes")
         return result
 
-    async def list_tools(self, server: Server, timeout_s: float = 10.0) -> list[dict[str, Any]]:
-        """The server's tools as it listed them (JSON objects), every page."""
+    async def list_tools(self, server: Server, timeout_s: float = 10.0,
+                         keep: frozenset[str] | None = None) -> list[dict[str, Any]]:
+        """The server's tools as it listed them (JSON objects), every page within the
+        listing's budget (``LIST_BYTES``, ``LIST_TOOLS``); with ``keep``, only the tools it
+        names (the others are dropped page by page: memory holds one page and what is kept)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         if isinstance(server, StdioServer):
@@ -587,13 +598,16 @@ class McpClients:
                     raise McpFailure("not_sent", process.last) from None
                 raise
             with anyio.fail_after(max(0.0, deadline - loop.time())):
-                return await _all_tools(session.client)
+                return await _all_tools(session.client, server.describe(), keep, None)
         pool = self._pool(server)
         session = await pool.checkout(timeout_s, not self.pooled)
         healthy = False
         try:
+            assert session.transport is not None
+            transport, start = session.transport, session.transport.received
             with anyio.fail_after(max(0.0, deadline - loop.time())):
-                tools = await _all_tools(session.client)
+                tools = await _all_tools(session.client, server.describe(), keep,
+                                         lambda: transport.received - start)
             healthy = self.pooled
             return tools
         finally:
@@ -646,19 +660,36 @@ async def _call_tool(client: Any, tool: str, arguments: dict[str, Any], relay: R
                      "sent; the cancellation went on to the MCP server, which may have acted")
 
 
-async def _all_tools(client: Any) -> list[dict[str, Any]]:
+async def _all_tools(client: Any, label: str, keep: frozenset[str] | None,
+                     received: Callable[[], int] | None) -> list[dict[str, Any]]:
     """Every tool the server lists, as it listed it: the raw entries (the SDK's Tool drops
-    the fields it does not know, which the MCP door passes on), each one that is a Tool."""
+    the fields it does not know, which the MCP door passes on), each one that is a Tool;
+    with ``keep``, only those it names. Within the listing's budget (issue 29, item 7):
+    ``received`` gives the bytes the answers took so far (an HTTP session counts them as
+    they arrive); without it (stdio) each page's entries are measured as JSON."""
     import mcp_types as types
     from pydantic import TypeAdapter, ValidationError
 
     raw = TypeAdapter(dict[str, Any])
     tools: list[dict[str, Any]] = []
     cursor: str | None = None
-    for _ in range(100):  # a paginator that never ends cannot hang the start
+    seen = size = 0
+    for page in range(1, 101):  # a paginator that never ends cannot hang the start
         params = types.PaginatedRequestParams(cursor=cursor) if cursor else None
-        listed = await client.session.send_request(types.ListToolsRequest(params=params), raw)
-        for tool in listed.get("tools") or []:
+        try:
+            listed = await client.session.send_request(types.ListToolsRequest(params=params), raw)
+        except Exception as exc:  # a page too large (or broken) ends the listing there
+            if page == 1:
+                raise
+            log.warning("MCP server %s: page %d of its tools/list cannot be read (%s): the "
+                        "listing stops there", label, page, _first_line(exc))
+            break
+        entries = listed.get("tools") if isinstance(listed.get("tools"), list) else []
+        seen += len(entries)
+        size = received() if received is not None else size + len(json.dumps(entries))
+        for tool in entries:
+            if keep is not None and not (isinstance(tool, dict) and tool.get("name") in keep):
+                continue
             try:
                 types.Tool.model_validate(tool)
             except ValidationError:
@@ -666,7 +697,14 @@ async def _all_tools(client: Any) -> list[dict[str, Any]]:
                 continue
             tools.append(tool)
         cursor = listed.get("nextCursor")
+        del listed, entries  # a page is dropped before the next is read
         if not isinstance(cursor, str) or not cursor:
+            break
+        if size > LIST_BYTES or seen > LIST_TOOLS:
+            log.warning("MCP server %s lists more than the gateway reads (%d tools, %d bytes "
+                        "after %d pages; at most %d tools and %d MiB): the listing stops here, "
+                        "and a tool it has not reached is served without its listed schema",
+                        label, seen, size, page, LIST_TOOLS, LIST_BYTES // (1024 * 1024))
             break
     return tools
 
