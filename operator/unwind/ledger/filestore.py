@@ -53,11 +53,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import fcntl
 import json
 import logging
 import os
 import secrets
+import stat
 import time
 import uuid
 import zlib
@@ -96,12 +98,64 @@ class LedgerDirError(Exception):
     """The ledger folder cannot be used; the message says why and what to do."""
 
 
+# ---- no links, no folder another user writes (issue 29, item 6) ----
+# A symlink planted as <run>.journal made the gateway truncate a file outside the folder.
+# Every journal, page and lock is opened with O_NOFOLLOW (and O_NONBLOCK, so a FIFO planted
+# in its place is refused rather than waited on) and must be a regular file; and a folder
+# that another user can write (group or other write, or owned by someone else) is refused,
+# since whoever writes it can plant files the gateway reads as ledgers.
+
+def open_file(path: str | os.PathLike[str], flags: int, mode: int = 0o644) -> int:
+    """``os.open`` that never follows a link at ``path`` and opens only a regular file."""
+    try:
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, mode)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise StoreUnavailable(f"{path} is a symbolic link: the ledger opens no link (one "
+                                   "planted there sends its writes elsewhere); remove it") from None
+        raise
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise StoreUnavailable(f"{path} is not a regular file: remove it")
+    return fd
+
+
+def read_file(path: str | os.PathLike[str], start: int = 0) -> tuple[bytes, os.stat_result]:
+    """What a ledger file holds from ``start``, and its stat (``open_file``'s rules)."""
+    fd = open_file(path, os.O_RDONLY)
+    with os.fdopen(fd, "rb") as f:
+        f.seek(start)
+        return f.read(), os.fstat(f.fileno())
+
+
+def check_private(folder: Path) -> None:
+    """Refuse a ledger folder (or its ``.locks``) that another user can write."""
+    try:
+        st = os.stat(folder) if folder.name != LOCKS else os.lstat(folder)
+    except OSError as exc:
+        raise LedgerDirError(f"the ledger folder {folder} cannot be read ({exc.strerror or exc})") \
+            from None
+    if not stat.S_ISDIR(st.st_mode):
+        raise LedgerDirError(f"{folder} is not a folder (a link?): the ledger keeps its files in "
+                             "a folder of its own; remove it")
+    if st.st_uid != os.geteuid():
+        raise LedgerDirError(f"the ledger folder {folder} belongs to uid {st.st_uid}, not to this "
+                             f"user (uid {os.geteuid()}): its owner can plant files the gateway "
+                             "would read as ledgers; give --ledger-dir a folder of your own")
+    if st.st_mode & 0o022:
+        raise LedgerDirError(f"the ledger folder {folder} is writable by its group or by others "
+                             f"(mode {stat.S_IMODE(st.st_mode):o}): they could plant files or links "
+                             f"the gateway would read or write as ledgers; chmod go-w {folder}")
+
+
 def check_writable(root: Path) -> float:
-    """Create the folder if needed and prove a file can be written, synced and removed; the
-    seconds the sync took."""
+    """Create the folder if needed, refuse one other users can write, and prove a file can
+    be written, synced and removed; the seconds the sync took."""
     try:
         root.mkdir(parents=True, exist_ok=True)
         (root / LOCKS).mkdir(exist_ok=True)
+        check_private(root)
+        check_private(root / LOCKS)
         probe = root / f".probe-{secrets.token_hex(4)}"
         fd = os.open(probe, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
         try:
@@ -267,9 +321,9 @@ class _Page:
 def _read_page(root: Path, name: str, run: str, number: int) -> _Page | None:
     path = root / f"{name}.json"
     try:
-        with open(path, "rb") as f:
-            sig = _stat(os.fstat(f.fileno()))
-            data = json.loads(f.read())
+        raw, st = read_file(path)
+        sig = _stat(st)
+        data = json.loads(raw)
     except FileNotFoundError:
         if number == 1:
             return None
@@ -452,7 +506,7 @@ def read_run(root: str | os.PathLike[str], run: str, *, attempts: int = 20) -> l
     for _ in range(attempts):
         state = _Run.read(folder, run, PAGE_BYTES)
         try:
-            data = journal_path(folder, run).read_bytes()
+            data = read_file(journal_path(folder, run))[0]
         except FileNotFoundError:
             data = b""
         except OSError as exc:
@@ -676,8 +730,8 @@ class FileStore:
         if state is None or _fold in ops:
             return None
         try:
-            fd = os.open(state.lock_file, os.O_RDWR)
-        except OSError:
+            fd = open_file(state.lock_file, os.O_RDWR)
+        except (OSError, StoreUnavailable):
             return None
         try:
             try:
@@ -753,8 +807,7 @@ class FileStore:
     @contextlib.contextmanager
     def _locked(self, run: str) -> Iterator[None]:
         try:
-            fd = os.open(os.path.join(self.root, LOCKS, f"{run}.run"), os.O_CREAT | os.O_RDWR,
-                         0o644)
+            fd = open_file(os.path.join(self.root, LOCKS, f"{run}.run"), os.O_CREAT | os.O_RDWR)
         except OSError as exc:
             raise StoreUnavailable(f"cannot lock the ledger of run {run} in {self.root}: "
                                    f"{exc.strerror or exc}") from None
@@ -788,10 +841,7 @@ class FileStore:
         nobody is appending)."""
         path = state.journal_file
         try:
-            with open(path, "rb") as f:
-                f.seek(start)
-                data = f.read()
-                st = os.fstat(f.fileno())
+            data, st = read_file(path, start)
         except FileNotFoundError:
             state.journal, state.offset = None, 0
             return
@@ -801,8 +851,12 @@ class FileStore:
         end = start + state.replay(data)
         if end < st.st_size:
             try:
-                os.truncate(path, end)
-                st = os.stat(path)
+                fd = open_file(path, os.O_WRONLY)
+                try:
+                    os.ftruncate(fd, end)
+                    st = os.fstat(fd)
+                finally:
+                    os.close(fd)
             except OSError as exc:
                 raise StoreUnavailable(f"cannot cut the torn tail off the ledger journal {path}: "
                                        f"{exc.strerror or exc}") from None
@@ -823,7 +877,7 @@ class FileStore:
 
     def _append(self, state: _Run, texts: list[str], *, sync: bool) -> None:
         created = state.journal is None
-        fd = os.open(state.journal_file, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        fd = open_file(state.journal_file, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
         try:
             _write_all(fd, b"".join(record(t) for t in texts))
             if sync or created:
@@ -847,7 +901,7 @@ class FileStore:
             self._write(page)
         state.dirty.clear()
         if state.journal is not None and state.journal[2] > 0:
-            fd = os.open(state.journal_file, os.O_WRONLY)
+            fd = open_file(state.journal_file, os.O_WRONLY)
             try:
                 os.ftruncate(fd, 0)
                 os.fsync(fd)
@@ -876,6 +930,8 @@ class FileLocks:
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self.dir = Path(root) / LOCKS
         self.dir.mkdir(parents=True, exist_ok=True)
+        check_private(Path(root))
+        check_private(self.dir)
 
     async def acquire(self, name: str, holder: Holder) -> Holder | None:
         return await asyncio.to_thread(self.acquire_sync, name, holder)
@@ -916,17 +972,17 @@ class FileLocks:
     def _holder(self, name: str) -> Holder | None:
         path = self.dir / f"{name}.key"
         try:
-            data = json.loads(path.read_bytes())
+            data = json.loads(read_file(path)[0])
             return Holder(str(data["run"]), str(data["entry"]), str(data["since"]))
         except FileNotFoundError:
             return None
-        except (OSError, ValueError, KeyError, TypeError):
+        except (OSError, ValueError, KeyError, TypeError, StoreUnavailable):
             return holder_being_written(path)
 
     def _remove_if(self, name: str, holder: Holder) -> bool:
         """Remove the lock if ``holder`` has it, serialized by a mutex so that a check and
         a removal by one process never interleave with another's."""
-        fd = os.open(self.dir / ".mutex", os.O_CREAT | os.O_RDWR, 0o644)
+        fd = open_file(self.dir / ".mutex", os.O_CREAT | os.O_RDWR)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             if self._holder(name) != holder:
