@@ -10,6 +10,7 @@ import pytest
 from unwind.manifest.validate import validate_manifest
 from unwind.operator.inject import (
     CONTAINER,
+    DEFAULT_API_AUDIENCES,
     SA_TOKEN_PATH,
     Sidecar,
     header_secrets,
@@ -18,6 +19,7 @@ from unwind.operator.inject import (
     native_sidecars,
     server_version,
 )
+from unwind.operator.injected import isolation_of
 from unwind.registry.signing import TrustStore
 
 SIDECAR = Sidecar("registry.example/unwind:0.1.0", "unwind-system")
@@ -106,7 +108,9 @@ def test_the_secrets_are_those_the_manifests_name_for_upstream_headers() -> None
 
 def test_a_plain_agent_pod_asks_for_nothing_the_gateway_keeps() -> None:
     assert isolation_problems(pod()) == []
-    assert isolation_problems(apply(pod(), inject(pod(), "shop", "shop:read", {"stripe-key"}, SIDECAR))) == []
+    injected = apply(pod(), inject(pod(), "shop", "shop:read", {"stripe-key"}, SIDECAR))
+    assert isolation_of(injected, "shop", "shop:read", {"stripe-key"}, SIDECAR,
+                        DEFAULT_API_AUDIENCES) == []  # judged without the webhook's own gateway
 
 
 def test_a_shared_process_namespace_or_host_pids_would_let_the_agent_read_the_gateways_token() -> None:
@@ -187,7 +191,8 @@ def test_the_token_kubernetes_mounted_is_taken_back_from_every_agent_container(
     names = [v["name"] for v in out["spec"]["volumes"]]
     assert token_volume["name"] not in names and "work" in names
     assert out["spec"]["automountServiceAccountToken"] is False
-    assert isolation_problems(out) == []  # injected: left alone
+    sidecar = Sidecar("unwind:1", "unwind-system", native=native)
+    assert isolation_of(out, "shop", "shop:read", set(), sidecar, DEFAULT_API_AUDIENCES) == []
 
 
 def test_a_projected_api_token_is_the_pods_own_unless_the_plugin_made_it() -> None:
@@ -263,7 +268,7 @@ def test_from_1_29_the_gateway_is_a_native_sidecar_before_the_pods_own_init_cont
     }
     assert inject(out, "shop", "shop:read", {"stripe-key"}, NATIVE) == []  # idempotent
     assert inject(out, "shop", "shop:read", {"stripe-key"}, SIDECAR) == []  # whichever form finds it
-    assert isolation_problems(out) == []
+    assert isolation_of(out, "shop", "shop:read", {"stripe-key"}, NATIVE, DEFAULT_API_AUDIENCES) == []
 
 
 def test_a_native_sidecar_in_a_pod_without_init_containers_starts_the_list() -> None:

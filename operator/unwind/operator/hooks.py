@@ -37,10 +37,10 @@ from .inject import (
     WHAT_TO_DO,
     Sidecar,
     api_audiences,
-    has_gateway,
     inject,
     isolation_problems,
 )
+from .injected import completed, foreign_gateway, isolation_of, named_gateways
 from .kube import PLURAL, Kube
 
 LEDGERS = "effectledgers"
@@ -166,7 +166,7 @@ class Admission:
         request to be governed, so it is never admitted without its gateway (an operator
         without a gateway image, an unreadable bundle, an API error: refused, saying why).
         It is refused too when its own spec would hand the agent what the gateway keeps."""
-        if req.operation != "CREATE" or has_gateway(req.new):
+        if req.operation != "CREATE":
             return []
         if self.sidecar is None or self.pod_context is None:
             raise Refused(f"this pod is labelled {INJECT_LABEL}=true but the Unwind operator injects no "
@@ -182,10 +182,20 @@ class Admission:
             raise Refused(f"the Unwind webhook could not read what this pod's gateway needs "
                           f"({type(exc).__name__}: {str(exc)[:300]}), and a pod labelled {INJECT_LABEL}=true "
                           "is not admitted without its gateway; try again", 503) from None
-        problems = isolation_problems(req.new, secrets, self.api_audiences)
+        # A gateway already there counts only as exactly what this webhook writes (a second
+        # call for the same pod); the isolation check runs on every labelled pod.
+        foreign = foreign_gateway(req.new, req.namespace, scopes, secrets, self.sidecar)
+        if foreign:
+            raise Refused(listed(foreign, "this pod asks for an Unwind gateway but brings its own; "
+                                          f"{WHAT_TO_DO}:"), 400)
+        ours = bool(named_gateways(spec or {}))
+        problems = (isolation_of(req.new, req.namespace, scopes, secrets, self.sidecar, self.api_audiences)
+                    if ours else isolation_problems(req.new, secrets, self.api_audiences))
         if problems:
             raise Refused(listed(problems, "this pod asks for an Unwind gateway but its spec would let the "
                                            f"agent around it; {WHAT_TO_DO}:"), 400)
+        if ours:
+            return completed(req.new)
         return inject(req.new, req.namespace, scopes, secrets, self.sidecar)
 
 

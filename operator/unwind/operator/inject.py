@@ -172,13 +172,11 @@ def gateway_container(sidecar: Sidecar, env: list[dict[str, Any]],
     return container
 
 
-def inject(pod: Mapping[str, Any], namespace: str, scopes: str | None, secrets: Iterable[str],
-           sidecar: Sidecar) -> list[dict[str, Any]]:
-    """JSON patch operations adding the gateway to ``pod`` (empty when already there)."""
+def gateway_parts(pod: Mapping[str, Any], namespace: str, scopes: str | None, secrets: Iterable[str],
+                  sidecar: Sidecar) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The gateway's container and volumes exactly as ``inject`` writes them for ``pod``."""
     spec = pod.get("spec") if isinstance(pod.get("spec"), Mapping) else {}
     assert isinstance(spec, Mapping)
-    if _has_gateway(spec):
-        return []
     meta = pod.get("metadata") if isinstance(pod.get("metadata"), Mapping) else {}
     assert isinstance(meta, Mapping)
     annotations = meta.get("annotations") or {}
@@ -208,6 +206,20 @@ def inject(pod: Mapping[str, Any], namespace: str, scopes: str | None, secrets: 
         {"name": TMP_VOLUME, "emptyDir": {"sizeLimit": "16Mi"}},
         *({"name": _volume_name(n), "secret": {"secretName": n}} for n in names),
     ]
+    return container, volumes
+
+
+def inject(pod: Mapping[str, Any], namespace: str, scopes: str | None, secrets: Iterable[str],
+           sidecar: Sidecar) -> list[dict[str, Any]]:
+    """JSON patch operations adding the gateway to ``pod`` (empty when already there)."""
+    spec = pod.get("spec") if isinstance(pod.get("spec"), Mapping) else {}
+    assert isinstance(spec, Mapping)
+    if _has_gateway(spec):
+        return []
+    meta = pod.get("metadata") if isinstance(pod.get("metadata"), Mapping) else {}
+    assert isinstance(meta, Mapping)
+    annotations = meta.get("annotations") or {}
+    container, volumes = gateway_parts(pod, namespace, scopes, secrets, sidecar)
     ops = _remove_token_mounts(spec)  # first: their paths count the pod's containers as they are
     if not sidecar.native:
         ops.append({"op": "add", "path": "/spec/containers/-", "value": container})
@@ -380,9 +392,10 @@ def isolation_problems(pod: Mapping[str, Any], secrets: Iterable[str] = (),
     (the ServiceAccount token that writes the ledger, the upstream ``secrets`` the
     namespace's manifests name), one line per field, each saying why and what to change.
     ``audiences`` are those the API server accepts (``api_audiences``). Empty when the pod
-    is fine (or already has the gateway)."""
+    is fine. A pod that holds the gateway the webhook wrote is judged without it
+    (``injected.isolation_of``): any container of that name here is the pod's own."""
     spec = pod.get("spec") if isinstance(pod.get("spec"), Mapping) else None
-    if not isinstance(spec, Mapping) or _has_gateway(spec):
+    if not isinstance(spec, Mapping):
         return []
     out = list(_host_problems(spec))
     for kind, c, container in _containers(spec):
