@@ -373,8 +373,9 @@ def test_a_redacted_argument_in_the_url_appears_nowhere_when_the_upstream_is_dow
         doors: GatewayProc, run_name: str, tool: str, method: str) -> None:
     r = doors.call(tool, {"token": SECRET}, run=run_name, key="down-1")
     assert r.status_code == 502 and error(r)["code"] == "upstream_error"
-    assert f"{tool} ({method} http://127.0.0.1:" in error(r)["message"]
-    assert "/{{args.token}}" in error(r)["message"]
+    # named by its template (the redirect, never followed now, says so in the details)
+    assert f"{tool} ({method} http://127.0.0.1:" in r.text
+    assert "/{{args.token}}" in r.text
     encoded = quote(SECRET, safe="")
     seen = {"answer": r.text, "report": r.headers.get("X-Unwind-Effect", ""),
             "ledger": json.dumps(doors.entries(run_name)), "log": doors.log.read_text()}

@@ -41,12 +41,13 @@ ITEMS = manifest(
     tool="shop.add_items", effect="compensable",
     compensation={"tool": "shop.remove_items", "argument_map": {"ids": "$result.items[*].id",
                                                                 "skus": "$args.items[*].sku?"}})
-MOVE = manifest(
+MOVE = manifest(  # the safe form (issue 29, item 5): back to the folder read before the call
     tool="mail.move", effect="reversible",
+    capture={"tool": "mail.get", "arguments": {"id": "$args.id"}},
     compensation={"tool": "mail.move", "kind": "inverse",
-                  "argument_map": {"id": "$args.id", "from": "$args.to", "to": "$args.from"},
+                  "argument_map": {"id": "$args.id", "from": "$args.to", "to": "$before.folder"},
                   "verification": {"tool": "mail.get", "arguments": {"id": "$args.id"},
-                                   "expect": {"folder": "$args.from", "moved_by": "$result.by",
+                                   "expect": {"folder": "$before.folder", "moved_by": "$result.by",
                                               "label": "archive"}}})
 TODAY = [CREATE, ITEMS, MOVE,
          *(manifest(tool=t, effect=e) for t, e in [("memory.delete_entities", "idempotent"),
@@ -148,10 +149,12 @@ def test_a_drafts_projected_handle_is_kept_as_a_list_and_masked_item_by_item() -
 
 # ---- a tool that is its own inverse; expected values read from the call ----
 
-def test_a_move_is_undone_by_moving_back_and_read_back_against_the_calls_own_values() -> None:
+def test_a_move_is_undone_by_moving_back_to_the_folder_read_before_it_whatever_the_agent_said() -> None:
     assert validate_set(TODAY) == []
-    handle = build_handle(MOVE, {"id": "m1", "from": "inbox", "to": "archive"}, {"by": "agent"})
-    assert handle.args == {"id": "m1", "to": "archive", "from": "inbox"}
+    handle = build_handle(MOVE, {"id": "m1", "from": "spam", "to": "archive"}, {"by": "agent"},
+                          before={"folder": "inbox"})  # the agent's "from" was false
+    assert handle.args == {"id": "m1", "to": "archive"}
+    assert handle.before == {"folder": "inbox"}
     assert handle.result == {"by": "agent"}  # an expected value's reference is kept too
     step = only_step(MOVE, handle)
     assert (step.action, step.undo_tool) == ("inverse", "mail.move")
@@ -163,7 +166,8 @@ def test_a_move_is_undone_by_moving_back_and_read_back_against_the_calls_own_val
 
 
 def test_an_expected_value_missing_from_the_handle_means_the_read_back_cannot_be_built() -> None:
-    handle = build_handle(MOVE, {"id": "m1", "to": "archive", "from": "inbox"}, {})
+    handle = build_handle(MOVE, {"id": "m1", "to": "archive", "from": "inbox"}, {},
+                          before={"folder": "inbox"})
     step = only_step(MOVE, handle)
     assert step.action == "unrecoverable"
     assert "the read-back cannot be built: expect moved_by: $result has no 'by'" in step.reason

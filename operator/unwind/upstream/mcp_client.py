@@ -69,9 +69,11 @@ _REFUSED_CODES = {-32601: "method not found", -32602: "invalid params"}
 # mcp_types.LOG_LEVEL_META_KEY, not imported: the SDK loads on the first MCP call (27 MB)
 LOG_LEVEL_META_KEY = "io.modelcontextprotocol/logLevel"
 DEFAULT_CAP = 4 * 1024 * 1024  # the manifest's default max_response_bytes
-# One tools/list, every page together (issue 29, item 7): 30 pages of 3.5 MiB once took the
-# gateway to 345 MiB, and the sidecar has 128 Mi. Each page is still capped at DEFAULT_CAP;
-# past either total the listing stops, keeping what it found.
+# One tools/list (issue 29, item 7): 30 pages of 3.5 MiB once took the gateway to 345 MiB,
+# and the sidecar has 128 Mi. A page is parsed whole by the SDK, at about six times its size,
+# so a page may hold LIST_PAGE_BYTES (real servers page far below it); the pages together,
+# LIST_BYTES and LIST_TOOLS. Past a total the listing stops, keeping what it found.
+LIST_PAGE_BYTES = 1024 * 1024
 LIST_BYTES = 16 * 1024 * 1024
 LIST_TOOLS = 5_000
 FailureKind = Literal["not_sent", "timeout", "lost", "cancelled", "too_large", "refused"]
@@ -135,6 +137,10 @@ class _Transport(httpx2.AsyncBaseTransport):
     async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
         if request.method == "POST":
             request.headers.update(self.call_headers)
+            try:
+                request.content  # noqa: B018 (read, so _kind sees what a redirect sends again)
+            except httpx2.RequestNotRead:
+                await request.aread()  # a JSON-RPC message: bounded by the door's 64 KiB
         try:
             response = await self.inner.handle_async_request(request)
         except httpx2.ConnectError as exc:
@@ -152,7 +158,9 @@ class _Transport(httpx2.AsyncBaseTransport):
             self.problem = (f"answered with Content-Encoding {encoding!r} though the gateway "
                             "asks MCP upstreams for identity; the answer was not read")
             raise _AnswerRefused(self.problem)
-        cap = self.cap if _is_tool_call(request) else max(self.cap, DEFAULT_CAP)
+        kind = _kind(request)
+        cap = (self.cap if kind == "call" else
+               LIST_PAGE_BYTES if kind == "list" else max(self.cap, DEFAULT_CAP))
         response.stream = _CappedStream(response.stream, self, cap)
         return response
 
@@ -164,14 +172,18 @@ class _AnswerRefused(httpx2.StreamError):
     """An answer past the cap, or compressed (the SDK turns a StreamError into a failed call)."""
 
 
-def _is_tool_call(request: httpx2.Request) -> bool:
-    """The request is the tools/call itself (its answer is capped at the manifest's
-    max_response_bytes; what the SDK asks around it, a handshake or a tools/list, at least
-    at the default)."""
+def _kind(request: httpx2.Request) -> Literal["call", "list", "other"]:
+    """What a request is: the tools/call itself (its answer is capped at the manifest's
+    max_response_bytes), a page of tools/list (``LIST_PAGE_BYTES``), or what the SDK asks
+    around them, a handshake (at least the default). The body of a request the SDK sends
+    again after a redirect within the origin is read by then (``handle_async_request``)."""
     try:
-        return b'"tools/call"' in request.content
+        content = request.content
     except httpx2.RequestNotRead:
-        return True
+        return "call"  # unknown: the tightest the call allows
+    if b'"tools/call"' in content:
+        return "call"
+    return "list" if b'"tools/list"' in content else "other"
 
 
 class _CappedStream(httpx2.AsyncByteStream):
@@ -195,6 +207,21 @@ class _CappedStream(httpx2.AsyncByteStream):
 
 
 Opener = Callable[[AsyncExitStack, "_Session"], Awaitable[Any]]
+
+
+def _unchecked(client: Any) -> Any:
+    """``client`` without the SDK's check of each result against the tool's listed
+    ``outputSchema``: that check lists the server's tools first (once per session, outside
+    the listing's budget) and evaluates a schema the upstream chose on the event loop, with
+    Python's backtracking ``re`` (issue 29, item 4). The gateway passes a result on as the
+    upstream sent it, and the agent's own client checks it against the schema the gateway
+    serves."""
+    session = getattr(client, "session", None)
+    if session is not None and hasattr(session, "validate_tool_result"):
+        async def passed(name: str, result: Any) -> None:
+            return None
+        session.validate_tool_result = passed
+    return client
 
 
 class _Session:
@@ -349,9 +376,9 @@ class _Pool:
         async def to_call(params: Any) -> None:
             if session.relay is not None:
                 await session.relay.on_log(params.level, params.data, params.logger)
-        return await stack.enter_async_context(Client(
+        return _unchecked(await stack.enter_async_context(Client(
             streamable_http_client(self.server.url, http_client=http), mode=self.owner.mode,
-            cache=None, logging_callback=to_call))
+            cache=None, logging_callback=to_call)))
 
 
 class _Process:
@@ -432,9 +459,9 @@ class _Process:
             if len(self.in_flight) == 1 and self.in_flight[0] is not None:
                 await self.in_flight[0].on_log(params.level, params.data, params.logger)
         try:
-            client = await stack.enter_async_context(Client(stdio_client(params, errlog=errlog),
-                                                            mode=self.owner.mode, cache=None,
-                                                            logging_callback=to_call))
+            client = _unchecked(await stack.enter_async_context(
+                Client(stdio_client(params, errlog=errlog), mode=self.owner.mode, cache=None,
+                       logging_callback=to_call)))
         except BaseException:
             errlog.close()
             await asyncio.sleep(0.05)  # let the watcher log what the process said
