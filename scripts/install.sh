@@ -6,7 +6,8 @@
 # kube-proxy) built from Debian's source package; and the project's image and a pause image
 # built with buildah. Everything built is cached in ~/.cache/unwind, keyed by its inputs,
 # so a machine that built it once goes fast. The npm MCP servers the tests run against
-# (tests/gateway/installs.py PREFETCH) go to ~/.cache/unwind-tests, once. Safe to run again.
+# (tests/gateway/installs.py PREFETCH: server-everything, server-memory) go to
+# ~/.cache/unwind-tests, once. Safe to run again.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"

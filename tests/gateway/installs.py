@@ -23,7 +23,9 @@ import pytest
 DONE = ".installed"
 # Pinned test servers from npm; scripts/install.sh fetches these ahead of the tests.
 EVERYTHING = ("@modelcontextprotocol/server-everything", "2026.8.31", "mcp-server-everything")
-PREFETCH = (EVERYTHING,)
+# server-memory: the stdio server the scaffold's worked example adopts (and test_mcp_upstream)
+SERVER_MEMORY = ("@modelcontextprotocol/server-memory", "2026.8.31")
+PREFETCH = (EVERYTHING, (*SERVER_MEMORY, "mcp-server-memory"))
 
 
 def cache_dir(name: str, version: str) -> Path:

@@ -30,7 +30,7 @@ from unwind.upstream.mcp_client import HttpServer, McpClients, McpFailure, Stdio
 from unwind.upstream.secrets import LocalSecrets
 
 from .conftest import ROOT, env, free_port, start_gateway, stop, wait_for
-from .installs import npm_tool
+from .installs import SERVER_MEMORY, npm_tool
 
 STDIO = (sys.executable, "-m", "tests.upstream.mcp_stdio_server")
 SERVER_ENV = (("PYTHONPATH", str(ROOT)),)
@@ -371,8 +371,7 @@ def memory_manifest_data(command: list[str]) -> dict[str, Any]:
             "upstream": {"mcp": {"command": command, "tool": "create_entities"}}}
 
 
-# Pinned: the tests read its tools' arguments and its store's lines.
-SERVER_MEMORY = ("@modelcontextprotocol/server-memory", "2026.8.31")
+# Pinned (installs.py): the tests read its tools' arguments and its store's lines.
 
 
 @pytest.fixture(scope="session")
