@@ -481,3 +481,34 @@ def test_l034_a_flat_list_read_from_an_mcp_server_says_nothing_of_the_rest_tools
     flat["shop.get_order"] = SCHEMAS["shop.get_order"]  # the list names a REST tool: judged
     found = [(f.code, f.tool) for f in lint(models(specs), flat) if f.code == "L034"]
     assert sorted(found) == [("L034", "mail.send_receipt"), ("L034", "shop.create_order")]
+
+
+def test_l041_a_mutating_tool_whose_input_schema_admits_fields_nobody_named_is_a_warning() -> None:
+    specs = clean_specs()
+    specs["shop.cancel_order"]["input_schema"] = {
+        "type": "object", "properties": {"order_id": {"type": "string"},
+                                         "note": {"type": "object"}}}  # a free-form object
+    f = only(lint(models(specs)), "L041", "warning", "shop.cancel_order")
+    assert f.path == "input_schema"
+    assert f.message.startswith("input_schema.properties.note: an object with no properties listed")
+    assert "set additionalProperties: false" in f.message
+    specs["shop.cancel_order"]["input_schema"] = {
+        "type": "object", "properties": {"order_id": {"type": "string"}},
+        "additionalProperties": True}
+    f = only(lint(models(specs)), "L041", "warning", "shop.cancel_order")
+    assert "additionalProperties admits arguments the schema does not name" in f.message
+    specs["shop.cancel_order"]["input_schema"]["additionalProperties"] = False
+    assert lint(models(specs)) == []
+    specs["shop.get_order"]["input_schema"] = {"type": "object"}  # read_only: not judged
+    assert lint(models(specs)) == []
+
+
+def test_l042_an_undo_that_projects_the_calls_own_arguments_is_a_warning() -> None:
+    specs = clean_specs()
+    specs["shop.create_order"]["compensation"]["argument_map"]["order_id"] = "$args.orders[*].id"
+    f = only(lint(models(specs)), "L042", "warning", "shop.create_order")
+    assert f.path == "compensation.argument_map.order_id"
+    assert "undoes what the call named, not what it made" in f.message
+    assert "$result[*]" in f.message
+    specs["shop.create_order"]["compensation"]["argument_map"]["order_id"] = "$result.orders[*].id"
+    assert lint(models(specs)) == []
