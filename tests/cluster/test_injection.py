@@ -135,6 +135,33 @@ def test_the_upstream_secret_in_a_labelled_pods_env_is_refused_by_the_api_server
             "namespace's ToolManifests send upstream") in message
 
 
+def test_a_labelled_pod_bringing_its_own_unwind_gateway_is_refused_by_the_api_server(
+        operator: OperatorProcess, kubeconfig: Path, k8s_api: client.ApiClient, namespace: str) -> None:
+    """Issue 29, item 8: before, such a pod was admitted untouched, the upstream Secret in its
+    agent's env and scopes of its choosing; now the webhook's isolation check runs and the
+    container is not taken for the gateway."""
+    core = client.CoreV1Api(k8s_api)
+    core.create_namespaced_service_account(namespace, {"metadata": {"name": "agent"}})
+    core.create_namespaced_secret(namespace, {"metadata": {"name": "shop-api"}, "stringData": {"token": "s3cret"}})
+    apply(kubeconfig, namespace, tm("get-order", SHOP))
+    wait_for("published", lambda: enforced(k8s_api, namespace) == {"shop.get_order": 1})
+    wait_for("the default token controller", lambda: core.read_namespaced_service_account("agent", namespace).secrets)
+    pod = labelled_pod("impostor", ["sleep", "1"])
+    pod["spec"]["containers"][0]["env"] = [
+        {"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "shop-api", "key": "token"}}}]
+    pod["spec"]["containers"].append({"name": CONTAINER, "image": "agent:1", "command": ["sleep", "1"],
+                                      "env": [{"name": "UNWIND_SCOPES", "value": "*"}]})
+    try:
+        core.create_namespaced_pod(namespace, pod)
+    except client.ApiException as exc:
+        assert exc.status == 400
+        message = json.loads(exc.body)["message"]
+    else:
+        raise AssertionError("a labelled pod with a container of its own named unwind-gateway was created")
+    assert "spec.containers[1]: this pod brings its own container named unwind-gateway" in message
+    assert not core.list_namespaced_pod(namespace).items
+
+
 def test_with_the_operator_down_a_labelled_pod_is_refused_and_an_unlabelled_pod_is_admitted(
         operator: OperatorProcess, k8s_api: client.ApiClient, namespace: str) -> None:
     core = client.CoreV1Api(k8s_api)
