@@ -13,7 +13,7 @@ the agent would believe the role had been set.
 An object stays open where the schema says so: ``additionalProperties`` or
 ``unevaluatedProperties`` other than ``false``, ``patternProperties`` (for the names they
 match), or no ``properties`` at all (``{type: object}``: a free-form object). Lint warns
-(L040) where a mutating tool's schema is open (``open_places``). The walk follows local
+(L041) where a mutating tool's schema is open (``open_places``). The walk follows local
 ``$ref``s and the members of ``allOf``/``anyOf``/``oneOf``/``if``/``then``/``else`` (a name
 any member lists is declared), and goes down into declared properties and array items.
 Pure; its work is counted against the same budget as the check itself (``schema_work``).
