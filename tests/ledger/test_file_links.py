@@ -96,7 +96,7 @@ def test_a_fifo_planted_as_a_journal_is_refused_rather_than_waited_on(tmp_path: 
     assert failures and "is not a regular file" in str(failures[0])
 
 
-@pytest.mark.parametrize("mode", [0o777, 0o775, 0o1777, 0o757])
+@pytest.mark.parametrize("mode", [0o777, 0o1777, 0o757, 0o703])
 def test_a_ledger_folder_other_users_can_write_is_refused(tmp_path: Path, mode: int) -> None:
     folder = ledger(tmp_path)
     os.chmod(folder, mode)
@@ -107,6 +107,22 @@ def test_a_ledger_folder_other_users_can_write_is_refused(tmp_path: Path, mode: 
     os.chmod(folder, 0o755)
     os.chmod(FileStore(folder).root / ".locks", mode)
     with pytest.raises(LedgerDirError, match=r"\.locks is writable"):
+        FileStore(folder)
+
+
+def test_a_folder_writable_by_another_group_is_refused_and_by_this_users_own_group_is_not(
+        tmp_path: Path) -> None:
+    from unwind.ledger.filestore import _group_is_mine
+
+    folder = ledger(tmp_path)
+    os.chmod(folder, 0o775)  # a umask of 002, as with user private groups
+    if _group_is_mine(os.getegid()):
+        FileStore(folder)  # a group of one: no one else writes it
+    if os.geteuid() != 0:
+        print("skipping the other group: handing a folder to another group needs root")
+        return
+    os.chown(folder, -1, 65534)
+    with pytest.raises(LedgerDirError, match="writable by its group or by others"):
         FileStore(folder)
 
 

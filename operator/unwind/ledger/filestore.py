@@ -128,8 +128,27 @@ def read_file(path: str | os.PathLike[str], start: int = 0) -> tuple[bytes, os.s
         return f.read(), os.fstat(f.fileno())
 
 
+def _group_is_mine(gid: int) -> bool:
+    """Whether ``gid`` is this user's private group (a umask of 002 makes folders group-
+    writable; with a group of one that is no one else): this user's group, naming no
+    other member, and the primary group of no other account."""
+    import grp
+    import pwd
+
+    if gid != os.getegid():
+        return False
+    try:
+        me = pwd.getpwuid(os.geteuid()).pw_name
+        members = set(grp.getgrgid(gid).gr_mem)
+        others = {p.pw_name for p in pwd.getpwall() if p.pw_gid == gid}
+    except KeyError:
+        return False
+    return members <= {me} and others <= {me}
+
+
 def check_private(folder: Path) -> None:
-    """Refuse a ledger folder (or its ``.locks``) that another user can write."""
+    """Refuse a ledger folder (or its ``.locks``) that another user can write: owned by
+    someone else, writable by others, or by a group that is not this user's own."""
     try:
         st = os.stat(folder) if folder.name != LOCKS else os.lstat(folder)
     except OSError as exc:
@@ -142,7 +161,7 @@ def check_private(folder: Path) -> None:
         raise LedgerDirError(f"the ledger folder {folder} belongs to uid {st.st_uid}, not to this "
                              f"user (uid {os.geteuid()}): its owner can plant files the gateway "
                              "would read as ledgers; give --ledger-dir a folder of your own")
-    if st.st_mode & 0o022:
+    if st.st_mode & 0o002 or (st.st_mode & 0o020 and not _group_is_mine(st.st_gid)):
         raise LedgerDirError(f"the ledger folder {folder} is writable by its group or by others "
                              f"(mode {stat.S_IMODE(st.st_mode):o}): they could plant files or links "
                              f"the gateway would read or write as ledgers; chmod go-w {folder}")
