@@ -112,7 +112,7 @@ def test_a_ledger_folder_other_users_can_write_is_refused(tmp_path: Path, mode: 
 
 def test_a_folder_writable_by_another_group_is_refused_and_by_this_users_own_group_is_not(
         tmp_path: Path) -> None:
-    from unwind.ledger.filestore import _group_is_mine
+    from unwind.ledger.ledger_dir import _group_is_mine
 
     folder = ledger(tmp_path)
     os.chmod(folder, 0o775)  # a umask of 002, as with user private groups
