@@ -43,8 +43,6 @@ from .procs import die_with_parent, pid_alive, pid_is_component, terminate
 NODE_COMPONENTS = ("kube-proxy", "kube-scheduler", "kubelet", "containerd")  # stop order
 # the node first (its kubelet reports to the API server), then the API server before etcd
 STOP_ORDER = (*NODE_COMPONENTS, "kube-controller-manager", "kube-apiserver", "etcd")
-# Since 1.22 pods get a projected token volume (kube-api-access-*); 1.20 has it behind this gate.
-FEATURE_GATES = "BoundServiceAccountTokenVolume=true"
 NODE_USER = f"system:node:{kubenode.NODE_NAME}"
 
 
@@ -358,14 +356,13 @@ class ControlPlane:
             str(bins.kube_apiserver),
             f"--etcd-servers={etcd_url}",
             f"--bind-address={self.address}", f"--advertise-address={self.address}",
-            f"--secure-port={api_port}", "--insecure-port=0",
+            f"--secure-port={api_port}",
             f"--cert-dir={wd / 'pki'}",
             f"--tls-cert-file={pki.serving_cert}", f"--tls-private-key-file={pki.serving_key}",
             f"--client-ca-file={pki.ca_cert}",
             f"--token-auth-file={tokens}",
             f"--admission-control-config-file={write_webhook_client(wd / 'pki')}",
             *node_flags,
-            f"--feature-gates={FEATURE_GATES}",
             f"--service-account-key-file={pki.sa_pub}",
             f"--service-account-signing-key-file={pki.sa_key}",
             "--service-account-issuer=https://kubernetes.default.svc",
@@ -381,8 +378,8 @@ class ControlPlane:
             f"--kubeconfig={self.kubeconfig}",
             f"--service-account-private-key-file={pki.sa_key}",
             f"--root-ca-file={pki.ca_cert}",
-            "--leader-elect=false", "--controllers=*", f"--feature-gates={FEATURE_GATES}",
-            "--port=0", "--secure-port=0", "--bind-address=127.0.0.1",
+            "--leader-elect=false", "--controllers=*",
+            "--secure-port=0", "--bind-address=127.0.0.1",
         ])
         # the service-account controller making "default" shows the controller manager works
         sa = f"{self._server}/api/v1/namespaces/default/serviceaccounts/default"
@@ -405,8 +402,7 @@ class ControlPlane:
         import_images(str(dirs.containerd_socket), images)
         kubelet_config = make_token_kubeconfig(self._server, pki.ca_cert, node_token,
                                                dirs.root / "kubelet.kubeconfig", user=NODE_USER)
-        self._spawn("kubelet", kubenode.kubelet_args(bins.kubelet, dirs, kubelet_config, pki.ca_cert,
-                                                     images.pause_image))
+        self._spawn("kubelet", kubenode.kubelet_args(bins.kubelet, dirs, kubelet_config, pki.ca_cert))
         self._spawn("kube-scheduler", kubenode.scheduler_args(bins.kube_scheduler, self.kubeconfig))
         self._spawn("kube-proxy", kubenode.proxy_args(bins.kube_proxy, self.kubeconfig))
         node = f"{self._server}/api/v1/nodes/{kubenode.NODE_NAME}"

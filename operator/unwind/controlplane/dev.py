@@ -19,7 +19,6 @@ again.
 
 from __future__ import annotations
 
-import base64
 import json
 import os
 import shutil
@@ -38,6 +37,7 @@ from typing import Any, Literal, NamedTuple
 from ..api.crd import write_crds
 from ..api.resources import KINDS
 from . import kubenode
+from .build import kubectl_binary
 from .cluster import (
     ControlPlane,
     ControlPlaneError,
@@ -61,7 +61,7 @@ OPERATOR_DEPLOYMENT = f"{RELEASE}-operator"
 
 def kubectl(kubeconfig: Path, *args: str, input_text: str | None = None, check: bool = True,
             timeout: float = 120) -> str:
-    proc = subprocess.run(["kubectl", f"--kubeconfig={kubeconfig}", *args], input=input_text,
+    proc = subprocess.run([kubectl_binary(), f"--kubeconfig={kubeconfig}", *args], input=input_text,
                           capture_output=True, text=True, timeout=timeout)
     if check and proc.returncode != 0:
         raise ControlPlaneError(f"kubectl {' '.join(args)} failed: {proc.stderr.strip()}")
@@ -148,33 +148,22 @@ def install_chart(kubeconfig: Path, values: dict[str, object] | None = None) -> 
 
 
 def service_account_kubeconfig(cp: ControlPlane, path: Path, namespace: str = OPERATOR_NAMESPACE,
-                               name: str = SERVICE_ACCOUNT, timeout: float = 60) -> Path:
-    """A kubeconfig holding the ServiceAccount's token (made by the token controller)."""
+                               name: str = SERVICE_ACCOUNT, timeout: float = 60,
+                               seconds: int = 86400) -> Path:
+    """A kubeconfig holding a token of the ServiceAccount from the TokenRequest API (what
+    `kubectl create token` does: Kubernetes makes no token Secrets since 1.24), valid for
+    ``seconds``."""
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        out = kubectl(cp.kubeconfig, "-n", namespace, "get", "secrets", "-o", "json")
-        for item in json.loads(out)["items"]:
-            ann = item["metadata"].get("annotations") or {}
-            if (item.get("type") == "kubernetes.io/service-account-token"
-                    and ann.get("kubernetes.io/service-account.name") == name
-                    and "token" in (item.get("data") or {})):
-                token = base64.b64decode(item["data"]["token"]).decode()
-                make_token_kubeconfig(cp.server, cp.ca_file, token, path, user=name)
-                if token_accepted(path):
-                    return path
-                # Signed with a key this API server no longer has (its pki/ was made again
-                # over kept data): the token controller makes a new one for a deleted one.
-                kubectl(cp.kubeconfig, "-n", namespace, "delete", "secret",
-                        item["metadata"]["name"], check=False)
+    while True:
+        proc = subprocess.run([kubectl_binary(), f"--kubeconfig={cp.kubeconfig}", "-n", namespace,
+                               "create", "token", name, f"--duration={seconds}s"],
+                              capture_output=True, text=True, timeout=60)
+        if proc.returncode == 0:
+            return make_token_kubeconfig(cp.server, cp.ca_file, proc.stdout.strip(), path, user=name)
+        if time.monotonic() > deadline:  # the chart's ServiceAccount may not be there yet
+            raise ControlPlaneError(f"no token for ServiceAccount {namespace}/{name} after "
+                                    f"{timeout:.0f}s: {proc.stderr.strip()}")
         time.sleep(0.5)
-    raise ControlPlaneError(f"no token for ServiceAccount {namespace}/{name} after {timeout:.0f}s")
-
-
-def token_accepted(kubeconfig: Path) -> bool:
-    """False only when the API server answers 401 to this kubeconfig's credentials."""
-    proc = subprocess.run(["kubectl", f"--kubeconfig={kubeconfig}", "get", "--raw", "/api"],
-                          capture_output=True, text=True, timeout=60)
-    return proc.returncode == 0 or "Unauthorized" not in proc.stderr
 
 
 @dataclass

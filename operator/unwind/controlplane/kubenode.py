@@ -185,38 +185,48 @@ def write_configs(dirs: NodeDirs, sandbox_image: str) -> None:
     (dirs.cni_conf_dir / "10-unwind.conflist").write_text(json.dumps(cni_config(dirs), indent=2) + "\n")
 
 
-def kubelet_args(kubelet: Path, dirs: NodeDirs, kubeconfig: Path, ca_file: Path, pause_image: str) -> list[str]:
-    """The flags checked on this kind of machine (real-node.md), and authentication: the
-    kubelet's port is on the bridge every pod can reach, so it serves only clients the API
-    server vouches for (no anonymous exec into a gateway)."""
+def kubelet_config(dirs: NodeDirs, ca_file: Path) -> dict[str, object]:
+    """The KubeletConfiguration checked on this kind of machine (real-node.md): cgroup v1
+    without systemd (``failCgroupV1: false``: from 1.35 the kubelet refuses v1 otherwise),
+    no QoS cgroups or node-allocatable enforcement (no CAP_SYS_RESOURCE here), images never
+    collected (they are imported, never pulled), and authentication: the kubelet's port is on
+    the bridge every pod can reach, so it serves only clients the API server vouches for (no
+    anonymous exec into a gateway)."""
+    return {
+        "apiVersion": "kubelet.config.k8s.io/v1beta1", "kind": "KubeletConfiguration",
+        "failCgroupV1": False,
+        "containerRuntimeEndpoint": f"unix://{dirs.containerd_socket}",
+        "runtimeRequestTimeout": "5m",
+        "cgroupDriver": "cgroupfs", "cgroupsPerQOS": False, "enforceNodeAllocatable": [],
+        "failSwapOn": False, "oomScoreAdj": 0,
+        "volumePluginDir": str(dirs.root / "volume-plugins"),
+        "address": NODE_ADDRESS, "port": KUBELET_PORT, "readOnlyPort": 0,
+        "healthzBindAddress": "127.0.0.1", "healthzPort": 0,
+        "imageGCHighThresholdPercent": 100, "imageGCLowThresholdPercent": 99,
+        "evictionHard": {"memory.available": "100Mi", "nodefs.available": "1%", "imagefs.available": "1%"},
+        "authentication": {"anonymous": {"enabled": False}, "webhook": {"enabled": True},
+                           "x509": {"clientCAFile": str(ca_file)}},
+        "authorization": {"mode": "Webhook"},
+        "registerNode": True, "nodeStatusUpdateFrequency": "4s", "syncFrequency": "10s",
+    }
+
+
+def kubelet_args(kubelet: Path, dirs: NodeDirs, kubeconfig: Path, ca_file: Path) -> list[str]:
+    """The kubelet's command line: its configuration in a file (:func:`kubelet_config`),
+    and the flags that have no field there."""
+    config = dirs.root / "kubelet-config.json"
+    config.write_text(json.dumps(kubelet_config(dirs, ca_file), indent=2) + "\n")
     return [
-        str(kubelet),
-        f"--kubeconfig={kubeconfig}",
-        "--container-runtime=remote",  # 1.20 defaults to dockershim
-        f"--container-runtime-endpoint=unix://{dirs.containerd_socket}",
-        "--runtime-request-timeout=5m",
-        "--cgroup-driver=cgroupfs", "--cgroups-per-qos=false", "--enforce-node-allocatable=",
-        "--fail-swap-on=false",
+        str(kubelet), f"--config={config}", f"--kubeconfig={kubeconfig}",
         f"--root-dir={dirs.kubelet_root}", f"--cert-dir={dirs.root / 'pki'}",
-        f"--volume-plugin-dir={dirs.root / 'volume-plugins'}",
-        f"--hostname-override={NODE_NAME}",
-        f"--node-ip={NODE_ADDRESS}", f"--address={NODE_ADDRESS}", f"--port={KUBELET_PORT}",
-        "--read-only-port=0", "--healthz-bind-address=127.0.0.1", "--healthz-port=0",
-        f"--pod-infra-container-image={pause_image}",
-        # the images were imported, never pulled: the garbage collector must not take them
-        "--image-gc-high-threshold=100", "--image-gc-low-threshold=99",
-        "--eviction-hard=memory.available<100Mi,nodefs.available<1%,imagefs.available<1%",
-        "--anonymous-auth=false", "--authentication-token-webhook",
-        "--authorization-mode=Webhook", f"--client-ca-file={ca_file}",
-        "--register-node=true", "--node-status-update-frequency=4s",
-        "--sync-frequency=10s",
+        f"--hostname-override={NODE_NAME}", f"--node-ip={NODE_ADDRESS}",
         "--v=1",
     ]
 
 
 def scheduler_args(scheduler: Path, kubeconfig: Path) -> list[str]:
     return [str(scheduler), f"--kubeconfig={kubeconfig}", "--leader-elect=false",
-            "--port=0", "--secure-port=0", "--bind-address=127.0.0.1"]
+            "--secure-port=0", "--bind-address=127.0.0.1"]
 
 
 def proxy_args(proxy: Path, kubeconfig: Path) -> list[str]:
