@@ -71,7 +71,7 @@ def test_a_path_replacement_or_another_release_is_named_as_a_wrong_pin() -> None
     problems = build.pin_problems(wrong)
     assert any(p.startswith("k8s.io/kubelet => k8s.io/kubelet v0.36.1: expected") for p in problems), problems
     assert "k8s.io/api is not pinned (expected k8s.io/api => k8s.io/api v0.37.2)" in problems
-    with pytest.raises(BuildError, match="must require k8s.io/kubernetes once"):
+    with pytest.raises(BuildError, match=r"must require k8s\.io/kubernetes once"):
         build.module_kube_version("module x\n")
 
 

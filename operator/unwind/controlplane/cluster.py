@@ -35,7 +35,7 @@ from typing import IO, Any
 import yaml
 from cryptography import x509
 
-from . import kubenode
+from . import kubenode, nodeclean
 from .build import BinPaths, ensure_binaries
 from .certs import CertFiles, pki_layout, write_pki
 from .procs import die_with_parent, pid_alive, pid_is_component, terminate
@@ -180,12 +180,15 @@ def stop_from_dir(workdir: str | Path) -> bool:
     if not state_file.exists():
         return False
     pids: dict[str, int] = json.loads(state_file.read_text()).get("pids", {})
+    dirs = kubenode.NodeDirs(workdir / "node")
     for name in STOP_ORDER:
         pid = pids.get(name)
         if pid and pid_alive(pid) and pid_is_component(pid, name, workdir):
+            if name == "containerd":  # the kubelet is gone: it cannot start them again
+                nodeclean.stop_containers(dirs)
             terminate(pid)
     if (workdir / "node").is_dir():
-        kubenode.clean_host(kubenode.NodeDirs(workdir / "node"), workdir / "node" / "host.json")
+        nodeclean.clean_host(dirs, workdir / "node" / "host.json")
     state_file.unlink(missing_ok=True)
     return True
 
@@ -496,9 +499,11 @@ class ControlPlane:
         for name in STOP_ORDER:
             proc = self._procs.get(name)
             if proc is not None and proc.poll() is None:
+                if name == "containerd":  # after the kubelet, which would start them again
+                    nodeclean.stop_containers(self.node_dirs)
                 terminate(proc.pid, proc=proc)
         self._procs.clear()
         if self._workdir is not None:
             if self.node:
-                self.leftovers = kubenode.clean_host(self.node_dirs, self.node_dirs.root / "host.json")
+                self.leftovers = nodeclean.clean_host(self.node_dirs, self.node_dirs.root / "host.json")
             (self._workdir / "state.json").unlink(missing_ok=True)

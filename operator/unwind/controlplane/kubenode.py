@@ -16,9 +16,9 @@ machine of this kind (shared/reference/real-node.md); this module turns it into 
 - **processes** (:func:`containerd_config`, :func:`kubelet_args`, ...): the ControlPlane
   spawns them, so their pids sit in ``state.json`` with the others and
   :func:`~unwind.controlplane.cluster.stop_from_dir` stops them too.
-- **cleaning** (:func:`clean_host`): what the kubelet, containerd and kube-proxy leave
-  outside their folders (mounts, network namespaces, veths, iptables chains, ``/var/log/pods``,
-  ``route_localnet``), removed after they stopped.
+- **stopping and cleaning** (:mod:`unwind.controlplane.nodeclean`): every container stopped
+  through containerd, what is left of them killed by their cgroups, and what the kubelet,
+  containerd and kube-proxy leave outside their folders removed.
 
 One node per machine: kube-proxy owns the host's ``KUBE-*`` chains, so a second node would
 fight the first. :func:`node_in_use` says when one already runs.
@@ -26,11 +26,8 @@ fight the first. :func:`node_in_use` says when one already runs.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
-import os
-import shlex
 import shutil
 import subprocess
 from collections.abc import Iterator
@@ -284,70 +281,8 @@ def check_no_forwarding() -> str | None:
     return None
 
 
-# ---- cleaning what the node leaves on the host ---------------------------------------------
-
-def _mounts_under(*roots: Path) -> list[str]:
-    out = []
-    with open("/proc/self/mountinfo") as fh:
-        for line in fh:
-            point = line.split()[4].encode().decode("unicode_escape")
-            if any(point == str(r) or point.startswith(f"{r}/") for r in roots):
-                out.append(point)
-    return sorted(set(out), key=lambda p: -p.count("/"))
-
-
-def unmount_under(*roots: Path) -> None:
-    """Unmount everything below the roots, deepest first (the kubelet bind-mounts its root
-    onto itself, containerd mounts overlays and shm)."""
-    for _ in range(3):  # a bind mount onto itself shows twice
-        points = _mounts_under(*roots)
-        if not points:
-            return
-        for point in points:
-            subprocess.run(["umount", "-l", point], capture_output=True, check=False)
-
-
-def _netns_in_use() -> set[int]:
-    inodes = set()
-    for proc in Path("/proc").iterdir():
-        if proc.name.isdigit():
-            with contextlib.suppress(OSError):
-                inodes.add(os.stat(proc / "ns" / "net").st_ino)
-    return inodes
-
-
-def remove_pod_netns() -> None:
-    """The pods' network namespaces (``/run/netns/cni-*``) that no process uses any more."""
-    used = _netns_in_use()
-    for ns in Path("/run/netns").glob("cni-*"):
-        try:
-            if os.stat(ns).st_ino in used:
-                continue
-        except OSError:
-            pass
-        _ip("netns", "delete", ns.name, check=False)
-        with contextlib.suppress(OSError):
-            ns.unlink()
-
-
 def _iptables(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(["iptables", *args], capture_output=True, text=True, check=False)
-
-
-def remove_kube_chains() -> None:
-    """kube-proxy's chains: ``kube-proxy --cleanup`` exits 1 without ipset, so by hand:
-    first the rules that jump to a KUBE-* chain, then the chains."""
-    for table in ("nat", "filter", "mangle"):
-        rules = _iptables("-t", table, "-S").stdout.splitlines()
-        for rule in rules:
-            parts = shlex.split(rule)  # comments are quoted
-            if parts[:1] == ["-A"] and not parts[1].startswith("KUBE-") and "KUBE-" in rule:
-                _iptables("-t", table, "-D", *parts[1:])
-        chains = [r.split()[1] for r in rules if r.startswith("-N KUBE-")]
-        for chain in chains:
-            _iptables("-t", table, "-F", chain)
-        for chain in chains:
-            _iptables("-t", table, "-X", chain)
 
 
 def proxy_ready() -> bool:
@@ -355,21 +290,7 @@ def proxy_ready() -> bool:
     return "default/kubernetes" in _iptables("-t", "nat", "-S", "KUBE-SERVICES").stdout
 
 
-def kube_chains() -> list[str]:
-    return [f"{t}/{r.split()[1]}" for t in ("nat", "filter", "mangle")
-            for r in _iptables("-t", t, "-S").stdout.splitlines() if r.startswith("-N KUBE-")]
-
-
-def remove_bridge() -> None:
-    for line in _ip("-o", "link", "show", "master", BRIDGE, check=False).stdout.splitlines():
-        veth = line.split(":")[1].strip().split("@")[0]
-        _ip("link", "delete", veth, check=False)
-    if bridge_exists():
-        _ip("link", "delete", BRIDGE, check=False)
-    _ip("route", "del", "local", SERVICE_RANGE, "dev", "lo", check=False)
-
-
-def _processes() -> Iterator[tuple[int, list[bytes]]]:
+def processes() -> Iterator[tuple[int, list[bytes]]]:
     """(pid, command line) of every process that can be read."""
     for proc in Path("/proc").iterdir():
         if proc.name.isdigit():
@@ -381,56 +302,9 @@ def _processes() -> Iterator[tuple[int, list[bytes]]]:
                 yield int(proc.name), argv
 
 
-def kill_shims(dirs: NodeDirs) -> None:
-    """The containerd shims of this node (they outlive containerd) and their containers."""
-    sock = str(dirs.containerd_socket).encode()
-    for pid, argv in _processes():
-        if argv[0].endswith(b"containerd-shim-runc-v2") and sock in argv:
-            with contextlib.suppress(OSError):
-                os.killpg(pid, 9)
-            with contextlib.suppress(OSError):
-                os.kill(pid, 9)
-
-
-def clean_host(dirs: NodeDirs, state: Path) -> list[str]:
-    """After the node's processes stopped: remove what they left outside their folders.
-    Returns what could not be cleaned (empty when all is clean)."""
-    kill_shims(dirs)
-    unmount_under(dirs.root, dirs.run)
-    remove_pod_netns()
-    remove_kube_chains()
-    remove_bridge()
-    for path in HOST_LEFTOVERS:
-        p = Path(path)
-        if p.is_dir():
-            for child in p.iterdir():
-                if child.is_dir() and not child.is_symlink():
-                    shutil.rmtree(child, ignore_errors=True)
-                else:
-                    with contextlib.suppress(OSError):
-                        child.unlink()
-    for p in Path("/var/lib/cni/results").glob(f"{CNI_NETWORK}-*"):
-        with contextlib.suppress(OSError):
-            p.unlink()
-    try:
-        before = json.loads(state.read_text()).get("route_localnet", "0")
-        ROUTE_LOCALNET.write_text(f"{before}\n")
-        state.unlink()
-    except (OSError, ValueError):
-        pass
-    shutil.rmtree(dirs.run, ignore_errors=True)
-    problems = [f"mounted: {p}" for p in _mounts_under(dirs.root, dirs.run)]
-    problems += [f"iptables chain left: {c}" for c in kube_chains()]
-    if bridge_exists():
-        problems.append(f"bridge {BRIDGE} still exists")
-    if (why := check_no_forwarding()) is not None:
-        problems.append(why)
-    return problems
-
-
 def node_in_use() -> str | None:
     """Another node on this machine (a kubelet on the node's address), or None."""
-    for pid, argv in _processes():
+    for pid, argv in processes():
         if Path(argv[0].decode(errors="replace")).name == "kubelet" and \
                 f"--node-ip={NODE_ADDRESS}".encode() in argv:
             root = next((a.decode() for a in argv if a.startswith(b"--root-dir=")), "?")
