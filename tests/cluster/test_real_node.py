@@ -172,6 +172,12 @@ def test_the_readme_story_runs_in_containers_and_the_demo_pod_completes(
         p.metadata.name: 0 for p in operators}
 
 
+def demo_account() -> list[dict[str, Any]]:
+    """examples/demo-agent.yaml's ServiceAccount and RoleBinding (not its Pod)."""
+    docs = [d for d in yaml.safe_load_all((ROOT / "examples" / "demo-agent.yaml").read_text()) if d]
+    return [d for d in docs if d["kind"] != "Pod"]
+
+
 RESTRICTED = {"runAsNonRoot": True, "allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
               "seccompProfile": {"type": "RuntimeDefault"}}
 
@@ -216,7 +222,10 @@ def test_a_pod_with_the_default_token_mount_is_injected_and_its_agent_holds_no_t
     core = client.CoreV1Api(api)
     plain = agent_pod("plain", "code-hosting", LOOK_FOR_TOKEN, labelled=False)
     labelled = agent_pod("labelled", "code-hosting", LOOK_FOR_TOKEN)
-    kubectl(kc, "apply", "-f", "-", input_text=yaml.safe_dump_all([plain]))
+    # a native sidecar starts the agent only once the gateway is ready, which needs the
+    # demo's ServiceAccount (allowed to read the bundle and write the ledger)
+    labelled["spec"]["serviceAccountName"] = "demo-agent"
+    kubectl(kc, "apply", "-f", "-", input_text=yaml.safe_dump_all([*demo_account(), plain]))
     # what the ServiceAccount admission plugin gives a pod here, as on clusters from 1.22 on
     volumes = core.read_namespaced_pod("plain", "code-hosting").spec.volumes
     assert any(v.name.startswith("kube-api-access-") and v.projected for v in volumes), volumes
@@ -249,9 +258,9 @@ def test_an_agent_run_as_a_job_completes_with_its_gateway(kc: Path, api: client.
                        "arguments": {"repo": "octo/hello", "issue": 7, "client_id": name, "body": "from a Job"}}])}]}]}}}}
     kubectl(kc, "apply", "-f", "-", input_text=yaml.safe_dump_all([job]))
     batch = client.BatchV1Api(api)
-    done = wait_for(f"Job {name} complete", lambda: next((
+    done = wait_for(f"Job {name} to end", lambda: next((
         c.type for c in (batch.read_namespaced_job(name, "code-hosting").status.conditions or [])
-        if c.status == "True"), None), timeout=150)
+        if c.status == "True" and c.type in ("Complete", "Failed")), None), timeout=150)
     assert done == "Complete"
     ledger = json.loads(kubectl(kc, "-n", "code-hosting", "get", "ledger", name, "-o", "json"))
     assert [(e["id"], e["state"]) for e in ledger["status"]["entries"]] == [("job-comment", "succeeded")]
@@ -345,7 +354,9 @@ def test_an_agent_job_completes_when_its_agent_exits_and_its_gateway_finishes_th
 
 def test_pod_security_restricted_refuses_an_agent_that_breaks_it_and_names_the_agents_container(
         kc: Path, api: client.ApiClient, manifests: None) -> None:
+    kubectl(kc, "apply", "-f", "-", input_text=yaml.safe_dump_all(demo_account()))
     pod = agent_pod("unrestricted", "code-hosting", LOOK_FOR_TOKEN)
+    pod["spec"]["serviceAccountName"] = "demo-agent"
     del pod["spec"]["containers"][0]["securityContext"]
     proc = subprocess.run([kubectl_binary(), f"--kubeconfig={kc}", "apply", "-f", "-"], input=yaml.safe_dump(pod),
                           capture_output=True, text=True, timeout=60)
@@ -354,5 +365,6 @@ def test_pod_security_restricted_refuses_an_agent_that_breaks_it_and_names_the_a
     assert 'container "agent" must set securityContext.allowPrivilegeEscalation=false' in proc.stderr
     assert CONTAINER not in proc.stderr  # the injected gateway meets the profile
     # the same pod meeting the profile is admitted, with its gateway
-    kubectl(kc, "apply", "-f", "-", input_text=yaml.safe_dump(agent_pod("restricted", "code-hosting", LOOK_FOR_TOKEN)))
+    kubectl(kc, "apply", "-f", "-", input_text=yaml.safe_dump({**pod, "metadata": {**pod["metadata"], "name": "restricted"},
+            "spec": {**pod["spec"], "containers": [{**pod["spec"]["containers"][0], "securityContext": RESTRICTED}]}}))
     assert finished(api, "code-hosting", "restricted") == "Succeeded"
