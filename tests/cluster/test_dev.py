@@ -21,11 +21,13 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from unwind.controlplane import BuildError, ControlPlaneError, ensure_binaries, kubenode
+from unwind.controlplane import BuildError, ControlPlaneError, ensure_binaries, kubenode, nodeclean
 from unwind.controlplane.certs import write_pki
 from unwind.controlplane.cluster import running_in_dir
 from unwind.controlplane.dev import (
     DAEMONS,
+    OPERATOR_DEPLOYMENT,
+    OPERATOR_NAMESPACE,
     Start,
     chart_action,
     daemon_pid,
@@ -96,7 +98,7 @@ def test_up_after_down_resumes_the_cluster_with_the_manifests_that_were_applied(
     assert not running_in_dir(dev_dir / "cluster")
     assert not [stem for stem, pid in {**daemons, **components}.items() if pid and pid_alive(pid)]
     assert running(dev_dir) is None
-    assert kubenode.kube_chains() == [] and not kubenode.bridge_exists()  # down cleaned the host
+    assert nodeclean.kube_chains() == [] and not kubenode.bridge_exists()  # down cleaned the host
 
     second = up(dev_dir)
     assert second.start.resume, second.start
@@ -113,6 +115,26 @@ def test_up_after_down_resumes_the_cluster_with_the_manifests_that_were_applied(
     assert third.chart == "install"
     out = kubectl(kubeconfig, "get", "namespace", NAMESPACE, check=False)
     assert out == ""
+
+
+def test_down_after_up_and_a_scale_leaves_no_process_and_no_network_namespace_of_the_cluster(
+        dev_dir: Path) -> None:
+    started = up(dev_dir)
+    kubeconfig, dirs = started.control_plane.kubeconfig, started.control_plane.node_dirs
+    kubectl(kubeconfig, "-n", OPERATOR_NAMESPACE, "scale", f"deployment/{OPERATOR_DEPLOYMENT}", "--replicas=3")
+    kubectl(kubeconfig, "-n", OPERATOR_NAMESPACE, "rollout", "status", f"deployment/{OPERATOR_DEPLOYMENT}",
+            "--timeout=180s", timeout=200)
+    containers = nodeclean.cgroup_pids(nodeclean.container_cgroups(nodeclean.container_ids(dirs)))
+    # three replicas, each a pause process and the operator: all in containers of this node
+    assert len(containers) >= 6, containers
+    netns = nodeclean.pod_netns()
+    assert len(netns) >= 3, netns
+    components = running_in_dir(dev_dir / "cluster")
+    assert down(dev_dir)
+    assert [pid for pid in [*containers, *components.values()] if pid_alive(pid)] == []
+    assert nodeclean.pod_netns() == []
+    assert nodeclean.leftovers(dirs) == []
+    assert not down(dev_dir)  # and a second down finds nothing, because nothing is there
 
 
 def test_a_stale_state_file_whose_processes_are_dead_does_not_block_up(tmp_path: Path) -> None:

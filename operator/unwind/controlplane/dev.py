@@ -36,7 +36,7 @@ from typing import Any, Literal, NamedTuple
 
 from ..api.crd import write_crds
 from ..api.resources import KINDS
-from . import kubenode
+from . import kubenode, nodeclean
 from .build import kubectl_binary
 from .cluster import (
     ControlPlane,
@@ -125,10 +125,10 @@ def install_chart(kubeconfig: Path, values: dict[str, object] | None = None) -> 
     import helm_python as helm
 
     kubectl(kubeconfig, "create", "namespace", OPERATOR_NAMESPACE, check=False)
-    # Kubernetes >= 1.21 sets this label itself; the webhooks' namespaceSelector reads it
-    # to leave the operator's own namespace alone.
+    # The chart's pods meet Pod Security "restricted": enforced, so a change that breaks it
+    # fails here (docs/chart.md recommends the same label).
     kubectl(kubeconfig, "label", "--overwrite", "namespace", OPERATOR_NAMESPACE,
-            f"kubernetes.io/metadata.name={OPERATOR_NAMESPACE}")
+            "pod-security.kubernetes.io/enforce=restricted")
     with helm.Config(kubeconfig_path=str(kubeconfig), namespace=OPERATOR_NAMESPACE) as cfg:
         try:
             history = cfg.history(RELEASE)
@@ -440,6 +440,8 @@ def restart_operator(workdir: Path, *, images: Any = None, timeout: float = 240)
 
 
 def down(workdir: Path) -> bool:
+    """Stop what ``up`` started in workdir, the node's containers included; True if
+    anything ran (or was left of a node that stopped without being cleaned)."""
     stopped = False
     for stem in DAEMONS:
         pid = daemon_pid(workdir, stem)
@@ -447,4 +449,11 @@ def down(workdir: Path) -> bool:
             terminate(pid)  # SIGTERM, then SIGKILL after 15 s: gone when down returns
             stopped = True
         (workdir / f"{stem}.pid").unlink(missing_ok=True)
-    return stop_from_dir(workdir / "cluster") or stopped
+    stopped = stop_from_dir(workdir / "cluster") or stopped
+    node = kubenode.NodeDirs(workdir / "cluster" / "node")
+    # a node killed without `down` (or by an older `down`) left its containers running:
+    # clean them too, unless another node runs now (the host's chains and bridge are its)
+    if not stopped and node.root.is_dir() and kubenode.node_in_use() is None and nodeclean.leftovers(node):
+        nodeclean.clean_host(node, node.root / "host.json")
+        stopped = True
+    return stopped
