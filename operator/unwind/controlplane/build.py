@@ -56,6 +56,8 @@ TOOL_PACKAGES = {**NODE_PACKAGES,  # the node: container runtime and pod network
                  "skopeo": "skopeo",  # exporting them as docker-archives (image.py)
                  "promtool": "prometheus"}  # checking charts/unwind/files/unwind-alerts.yaml
 FILE_PACKAGES = NODE_PACKAGE_FILES
+# What the machine must bring: checked (go_version), never installed (Debian 12's Go is 1.19).
+MACHINE_TOOLS = ("go",)
 VERSION_PACKAGES = ("k8s.io/component-base/version", "k8s.io/client-go/pkg/version")
 
 
