@@ -36,7 +36,7 @@ from cluster_helpers import wait_for
 from kubernetes import client, config
 
 from unwind.controlplane import kubenode, nodeclean
-from unwind.controlplane.build import kubectl_binary
+from unwind.controlplane.build import PARTS, kubectl_binary
 from unwind.controlplane.dev import (
     OPERATOR_DEPLOYMENT,
     OPERATOR_NAMESPACE,
@@ -104,6 +104,10 @@ def plugin(kc: Path, *args: str) -> subprocess.CompletedProcess[str]:
 
 def test_the_node_is_ready_with_containerd_and_the_operator_runs_as_the_charts_deployment(
         kc: Path, api: client.ApiClient) -> None:
+    control_plane, node = (part.kube_version for part in PARTS)
+    said = kubectl(kc, "version")
+    assert f"Client Version: v{control_plane}" in said and f"Server Version: v{control_plane}" in said
+    assert kubectl(kc, "get", "nodes").splitlines()[1].split()[4] == f"v{node}"
     nodes = kubectl(kc, "get", "nodes", "-o", "wide").splitlines()
     assert nodes[0].split()[:2] == ["NAME", "STATUS"]
     row = nodes[1].split()
@@ -157,6 +161,9 @@ def test_the_readme_story_runs_in_containers_and_the_demo_pod_completes(
     assert "ledger/demo-run: rolled back: 3 steps ran" in ran.stdout, ran.stdout
     ledger = json.loads(kubectl(kc, "-n", "code-hosting", "get", "ledger", "demo-run", "-o", "json"))
     assert {c["type"]: c["status"] for c in ledger["status"]["conditions"]}["RolledBack"] == "True"
+    events = wait_for("the RolledBack Event", lambda: "RolledBack" in (out := kubectl(
+        kc, "events", "-n", "code-hosting", "--for", "effectledger/demo-run")) and out, timeout=30)
+    assert "Planned" in events and "StepSucceeded" in events, events
     jobs = client.CoreV1Api(api).list_namespaced_pod("code-hosting", label_selector="job-name").items
     assert len(jobs) >= 3
     for job_pod in jobs:  # each undo ran in a container of the image, and ended well
