@@ -38,12 +38,12 @@ from ..api.crd import write_crds
 from ..api.resources import KINDS
 from . import kubenode, nodeclean
 from .build import kubectl_binary
+from .certs import pki_problem
 from .cluster import (
     ControlPlane,
     ControlPlaneError,
     free_ports,
     make_token_kubeconfig,
-    pki_problem,
     running_in_dir,
     stop_from_dir,
 )
@@ -425,7 +425,8 @@ def restart_operator(workdir: Path, *, images: Any = None, timeout: float = 240)
     runs a container started now, Ready. The control plane, the node, the upstream and
     everything applied stay as they are. Returns the archives imported (none: the image had
     not changed)."""
-    from .image import ensure_images, import_images
+    from .image import ensure_images
+    from .imageimport import import_images
 
     cluster = workdir / "cluster"
     if not running_in_dir(cluster):
