@@ -12,6 +12,13 @@ set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 python="${PYTHON:-python3}"
+# The binaries first, in the background: the longest part (Go compiles for about a quarter
+# of an hour on a cold machine), and all it needs is Go and the standard library, so it
+# starts before the virtualenv exists.
+bins_out="$(mktemp)"
+trap 'rm -f "$bins_out"' EXIT
+PYTHONPATH="$root/operator" "$python" -m unwind.controlplane.build >"$bins_out" &
+bins=$!
 if [ ! -x .venv/bin/python ]; then
   "$python" -m venv .venv
 fi
@@ -22,12 +29,10 @@ if [ ! -f "$stamp" ]; then
   rm -f .venv/.installed-* && touch "$stamp"
 fi
 # The images beside the binaries: debootstrap and pip mostly wait on downloads while Go
-# compiles. The Debian packages both need come first (buildah and debootstrap included).
+# compiles. The Debian packages the images need come first (buildah, debootstrap).
 .venv/bin/python -m unwind.controlplane.build --packages-only
 .venv/bin/python -m tests.gateway.installs
-.venv/bin/python -m unwind.controlplane.image &
-images=$!
-bins="$(.venv/bin/python -m unwind.controlplane.build)"
-wait "$images"
+.venv/bin/python -m unwind.controlplane.image
+wait "$bins"
 # kubectl of the control plane's version, first on the PATH README's quick start sets
-ln -sfn "$(sed -n 's/^kubectl=//p' <<<"$bins")" .venv/bin/kubectl
+ln -sfn "$(sed -n 's/^kubectl=//p' "$bins_out")" .venv/bin/kubectl

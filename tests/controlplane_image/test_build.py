@@ -110,3 +110,17 @@ def test_an_old_go_is_refused_with_the_version_needed(monkeypatch: pytest.Monkey
             build.go_version()
     finally:
         build.go_version.cache_clear()
+
+
+def test_the_build_runs_on_the_standard_library_alone_so_install_starts_it_before_the_venv() -> None:
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[2]
+    # -S: no site-packages, as a fresh machine's python3 has none of the project's dependencies
+    proc = subprocess.run([sys.executable, "-S", "-c", "import unwind.controlplane.build as b; print(b.PARTS[0].name)"],
+                          env={"PYTHONPATH": str(root / "operator"), "PATH": "/usr/bin:/bin"},
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "controlplane"
+    assert "unwind.controlplane.build" in (root / "scripts" / "install.sh").read_text()
