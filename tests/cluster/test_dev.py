@@ -7,6 +7,7 @@ control plane), the way a user runs `unwind dev up`, `down` and `up` again in on
 from __future__ import annotations
 
 import datetime as dt
+import json
 import os
 import subprocess
 import sys
@@ -23,7 +24,7 @@ from cryptography.x509.oid import NameOID
 
 from unwind.controlplane import BuildError, ControlPlaneError, ensure_binaries, kubenode, nodeclean
 from unwind.controlplane.certs import write_pki
-from unwind.controlplane.cluster import running_in_dir
+from unwind.controlplane.cluster import VERSIONS_FILE, control_plane_version, running_in_dir
 from unwind.controlplane.dev import (
     DAEMONS,
     OPERATOR_DEPLOYMENT,
@@ -198,11 +199,25 @@ def test_a_stopped_cluster_is_resumed_and_clean_wipes_it(tmp_path: Path) -> None
     cluster = tmp_path / "cluster"
     (cluster / "etcd" / "member").mkdir(parents=True)
     write_pki(cluster / "pki", (kubenode.NODE_ADDRESS,))
+    (cluster / VERSIONS_FILE).write_text(json.dumps({"kubernetes": control_plane_version()}))
     assert resume_or_clean(tmp_path).resume
     assert (cluster / "etcd" / "member").is_dir()
     start = resume_or_clean(tmp_path, clean=True)
     assert start == Start(False, "--clean deletes the stopped cluster's data")
     assert not cluster.exists()
+
+
+@pytest.mark.parametrize("recorded", [None, "1.36.3"], ids=["the 1.20 cluster, unrecorded", "another release"])
+def test_a_stopped_cluster_of_another_kubernetes_release_is_started_clean(tmp_path: Path, recorded: str | None) -> None:
+    cluster = tmp_path / "cluster"
+    (cluster / "etcd" / "member").mkdir(parents=True)
+    write_pki(cluster / "pki", (kubenode.NODE_ADDRESS,))
+    if recorded:
+        (cluster / VERSIONS_FILE).write_text(json.dumps({"kubernetes": recorded}))
+    start = resume_or_clean(tmp_path)
+    assert not start.resume and not cluster.exists()
+    assert start.why == (f"the stopped cluster was made by Kubernetes {recorded or '1.20.2 or unknown'} and this "
+                         f"is {control_plane_version()}: its etcd data cannot be carried over")
 
 
 def test_a_stopped_cluster_whose_serving_certificate_lacks_the_nodes_address_is_started_clean(

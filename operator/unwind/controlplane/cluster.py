@@ -34,7 +34,7 @@ from typing import IO, Any
 import yaml
 
 from . import kubenode, nodeclean
-from .build import BinPaths, ensure_binaries
+from .build import PARTS, BinPaths, ensure_binaries
 from .certs import CertFiles, pki_files, pki_problem, write_pki, write_webhook_client
 from .procs import die_with_parent, pid_alive, pid_is_component, terminate
 
@@ -42,6 +42,21 @@ NODE_COMPONENTS = ("kube-proxy", "kube-scheduler", "kubelet", "containerd")  # s
 # the node first (its kubelet reports to the API server), then the API server before etcd
 STOP_ORDER = (*NODE_COMPONENTS, "kube-controller-manager", "kube-apiserver", "etcd")
 NODE_USER = f"system:node:{kubenode.NODE_NAME}"
+VERSIONS_FILE = "versions.json"
+
+
+def control_plane_version() -> str:
+    """The Kubernetes release of the control plane built here (``1.37.2``)."""
+    return PARTS[0].kube_version
+
+
+def data_version(workdir: Path) -> str | None:
+    """The release whose etcd made the data in workdir (None: unknown, made before the
+    release was recorded, e.g. by the 1.20.2 cluster this project once ran)."""
+    try:
+        return str(json.loads((workdir / VERSIONS_FILE).read_text())["kubernetes"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 class ControlPlaneError(RuntimeError):
@@ -272,6 +287,8 @@ class ControlPlane:
             "--log-level", "warn",
         ])
         self._wait("etcd", lambda: b"true" in self._get(f"{etcd_url}/health"))
+        # which release's etcd made the data: `dev up` resumes only data of its own release
+        (wd / VERSIONS_FILE).write_text(json.dumps({"kubernetes": control_plane_version()}) + "\n")
 
         node_flags = [
             # the `kubernetes` Service's endpoint is this address (pods reach 10.0.0.1:443)

@@ -42,6 +42,8 @@ from .certs import pki_problem
 from .cluster import (
     ControlPlane,
     ControlPlaneError,
+    control_plane_version,
+    data_version,
     free_ports,
     make_token_kubeconfig,
     running_in_dir,
@@ -265,7 +267,8 @@ def resume_or_clean(workdir: Path, *, clean: bool = False) -> Start:
     files (a reboot leaves them behind), then keep the stopped cluster's data if it can be
     resumed, or wipe the cluster folder.
 
-    Resuming needs the etcd data and the keys it was made with: the stored ServiceAccount
+    Resuming needs the etcd data of this release's etcd (``versions.json``: etcd does not
+    read data two minors older) and the keys it was made with: the stored ServiceAccount
     tokens are signed with ``pki/sa.key`` and the stored Secrets carry ``pki/ca.crt``
     (ControlPlane reuses them). Expiring keys, or ``clean``, mean a clean start.
     """
@@ -283,6 +286,9 @@ def resume_or_clean(workdir: Path, *, clean: bool = False) -> Start:
         start = Start(False, "--clean deletes the stopped cluster's data")
     elif not (cluster / "etcd" / "member").is_dir():
         start = Start(False, "there was no earlier cluster")
+    elif (made := data_version(cluster)) != (now := control_plane_version()):
+        start = Start(False, f"the stopped cluster was made by Kubernetes {made or '1.20.2 or unknown'} "
+                             f"and this is {now}: its etcd data cannot be carried over")
     elif (problem := pki_problem(cluster / "pki", ips=(kubenode.NODE_ADDRESS,))) is not None:
         start = Start(False, f"the stopped cluster's keys cannot be reused ({problem}), "
                              "and its data is useless without them")
