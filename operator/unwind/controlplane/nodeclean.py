@@ -47,6 +47,7 @@ from .kubenode import (
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 CRI_NAMESPACE = "k8s.io"  # containerd's namespace for what the kubelet runs (CRI)
+NETNS_FILE = "netns.json"
 
 
 def _ctr(dirs: NodeDirs, *args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
@@ -60,11 +61,42 @@ def _tasks(dirs: NodeDirs) -> dict[str, str]:
     return {f[0]: f[2] for f in (line.split() for line in out) if len(f) >= 3}
 
 
+def netns_of(pids: set[int]) -> set[str]:
+    """The names in /run/netns of the network namespaces those processes are in: the
+    node's own pods' (another node's, or one's left by an older ``down``, are not)."""
+    inodes = set()
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            inodes.add(os.stat(f"/proc/{pid}/ns/net").st_ino)
+    out = set()
+    for ns in Path("/run/netns").glob("cni-*"):
+        with contextlib.suppress(OSError):
+            if os.stat(ns).st_ino in inodes:
+                out.add(ns.name)
+    return out
+
+
+def _record_netns(dirs: NodeDirs, names: set[str]) -> None:
+    """Kept beside the node's state (``netns.json``) until :func:`clean_host` removed them."""
+    with contextlib.suppress(OSError):
+        dirs.root.mkdir(parents=True, exist_ok=True)
+        (dirs.root / NETNS_FILE).write_text(json.dumps(sorted(names | recorded_netns(dirs))) + "\n")
+
+
+def recorded_netns(dirs: NodeDirs) -> set[str]:
+    try:
+        return set(json.loads((dirs.root / NETNS_FILE).read_text()))
+    except (OSError, ValueError, TypeError):
+        return set()
+
+
 def stop_containers(dirs: NodeDirs, grace: float = 5.0) -> None:
     """Through the node's containerd, while it runs: SIGTERM every task (all its processes),
-    SIGKILL those still running after ``grace`` seconds, then delete them (their shims exit)."""
+    SIGKILL those still running after ``grace`` seconds, then delete them (their shims exit).
+    The network namespaces they were in are recorded first, for :func:`clean_host`."""
     if not dirs.containerd_socket.is_socket():
         return
+    _record_netns(dirs, netns_of(cgroup_pids(container_cgroups(container_ids(dirs)))))
     with contextlib.suppress(subprocess.TimeoutExpired):
         for sig, wait in (("SIGTERM", grace), ("SIGKILL", 5.0)):
             running = [t for t, status in _tasks(dirs).items() if status != "STOPPED"]
@@ -175,10 +207,13 @@ def pod_netns() -> list[str]:
     return sorted(ns.name for ns in Path("/run/netns").glob("cni-*"))
 
 
-def remove_pod_netns() -> None:
-    """The pods' network namespaces that no process uses any more."""
+def remove_pod_netns(names: set[str] | None = None) -> None:
+    """The pods' network namespaces (those ``names``, else every ``cni-*``) that no process
+    uses any more."""
     used = _netns_in_use()
     for ns in Path("/run/netns").glob("cni-*"):
+        if names is not None and ns.name not in names:
+            continue
         try:
             if os.stat(ns).st_ino in used:
                 continue
@@ -219,16 +254,18 @@ def remove_bridge() -> None:
     _ip("route", "del", "local", SERVICE_RANGE, "dev", "lo", check=False)
 
 
-def leftovers(dirs: NodeDirs, ids: set[str] | None = None) -> list[str]:
+def leftovers(dirs: NodeDirs, ids: set[str] | None = None, netns: set[str] | None = None) -> list[str]:
     """What of the node still runs or exists: container processes (by their cgroups), shims,
-    mounts, network namespaces, KUBE-* chains, the bridge, forwarding. Empty when clean."""
+    mounts, its pods' network namespaces, KUBE-* chains, the bridge, forwarding. Empty when
+    clean."""
     ids = container_ids(dirs) if ids is None else ids
+    netns = recorded_netns(dirs) if netns is None else netns
     sock = str(dirs.containerd_socket).encode()
     out = [f"process {pid} of a container" for pid in sorted(cgroup_pids(container_cgroups(ids)))]
     out += [f"shim {pid}" for pid, argv in processes()
             if argv[0].endswith(b"containerd-shim-runc-v2") and sock in argv]
     out += [f"mounted: {p}" for p in _mounts_under(dirs.root, dirs.run)]
-    out += [f"network namespace {ns}" for ns in pod_netns()]
+    out += [f"network namespace {ns}" for ns in pod_netns() if ns in netns]
     out += [f"iptables chain left: {c}" for c in kube_chains()]
     if bridge_exists():
         out.append(f"bridge {BRIDGE} still exists")
@@ -241,10 +278,11 @@ def clean_host(dirs: NodeDirs, state: Path) -> list[str]:
     """After the node's processes stopped: kill what is left of its containers, remove what
     they left outside their folders. Returns what could not be cleaned (empty when clean)."""
     ids = container_ids(dirs)  # before dirs.run goes: it holds containerd's state
+    netns = recorded_netns(dirs) | netns_of(cgroup_pids(container_cgroups(ids)))
     kill_cgroups(ids)
     kill_shims(dirs)
     unmount_under(dirs.root, dirs.run)
-    remove_pod_netns()
+    remove_pod_netns()  # every cni-* no process uses: the node's, and what others left unused
     remove_kube_chains()
     remove_bridge()
     for path in HOST_LEFTOVERS:
@@ -265,6 +303,8 @@ def clean_host(dirs: NodeDirs, state: Path) -> list[str]:
         state.unlink()
     except (OSError, ValueError):
         pass
-    problems = leftovers(dirs, ids)
+    problems = leftovers(dirs, ids, netns)
     shutil.rmtree(dirs.run, ignore_errors=True)
+    if not any(p.startswith("network namespace") for p in problems):
+        (dirs.root / NETNS_FILE).unlink(missing_ok=True)
     return problems
