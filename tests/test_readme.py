@@ -204,6 +204,13 @@ FIXTURE = "the module's `dev` fixture (unwind.controlplane.dev.up, as scripts/de
 # README's command -> (the real-node test or fixture that runs it, the call in its source)
 ON_THE_NODE: dict[str, tuple[str, str]] = {
     "bash scripts/dev-up.sh": ("dev", "started = up(workdir)"),
+    "kubectl version": ("test_the_node_is_ready_with_containerd_and_the_operator_runs_as_the_charts_deployment",
+                        'kubectl(kc, "version")'),
+    "kubectl get nodes": ("test_the_node_is_ready_with_containerd_and_the_operator_runs_as_the_charts_deployment",
+                          'kubectl(kc, "get", "nodes")'),
+    "kubectl events -n code-hosting --for effectledger/demo-run": (
+        "test_the_readme_story_runs_in_containers_and_the_demo_pod_completes",
+        'kc, "events", "-n", "code-hosting", "--for", "effectledger/demo-run"'),
     "kubectl get toolmanifests -n payments": (
         "manifests", 'kubectl(kc, "wait", "--for=condition=Ready", "toolmanifests", "--all", "-A"'),
     "kubectl apply -f examples/demo-agent.yaml": (
@@ -268,3 +275,12 @@ def test_the_story_lines_readme_shows_are_the_ones_the_real_node_test_asserts() 
                  "ledger/demo-run: rolled back: 3 steps ran"):
         assert any(line in s for s in shown), f"README no longer shows {line!r}"
         assert line.split(", ledger")[0] in story or line in story
+
+
+def test_the_kubernetes_versions_readme_shows_are_the_ones_built() -> None:
+    from unwind.controlplane.build import PARTS
+
+    control_plane, node = (part.kube_version for part in PARTS)
+    shown = {line for c in commands(README.read_text()) for line in c.shown}
+    assert f"Server Version: v{control_plane}" in shown and f"Client Version: v{control_plane}" in shown
+    assert any(line.split()[:2] == ["unwind-node", "Ready"] and line.split()[-1] == f"v{node}" for line in shown)

@@ -653,3 +653,16 @@ def test_a_prometheus_rule_label_that_is_not_a_string_is_refused_by_the_schema(c
     with pytest.raises(helm.HelmValuesError):
         chart.render({"metrics": {"prometheusRule": {"enabled": True, "labels": {"release": 1}}}},
                      name=RELEASE, namespace=NAMESPACE, is_install=True)
+
+
+def test_the_charts_minimum_kubernetes_is_the_docs_and_the_native_sidecars_and_what_runs_here_meets_it() -> None:
+    from unwind.controlplane.build import PARTS
+    from unwind.operator.inject import NATIVE_SINCE
+
+    chart = yaml.safe_load((CHART_DIR / "Chart.yaml").read_text())
+    major, minor = NATIVE_SINCE
+    assert chart["kubeVersion"] == f">={major}.{minor}.0-0"
+    assert f"Kubernetes **{major}.{minor} or newer** (the chart's `kubeVersion`" in (ROOT / "docs" / "install.md").read_text()
+    assert f'`kubeVersion: ">={major}.{minor}.0-0"`' in (ROOT / "docs" / "chart.md").read_text()
+    for part in PARTS:  # the control plane and the node run here
+        assert tuple(int(n) for n in part.kube_version.split(".")[:2]) >= NATIVE_SINCE

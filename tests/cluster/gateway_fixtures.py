@@ -4,15 +4,13 @@
 (UNWIND_NAMESPACE, UNWIND_OPERATOR_NAMESPACE, UNWIND_ACTOR, ...) and the in-cluster
 configuration pointing at the local API server: KUBERNETES_SERVICE_HOST/PORT, the control
 plane's CA, and the token of a ServiceAccount bound to the chart's ClusterRole
-unwind-gateway (read from its token Secret: the local API server, 1.20, predates
-`kubectl create token`). The example manifests are applied by the admin (a trusted
+unwind-gateway (from the TokenRequest API, as `kubectl create token` asks for one). The example manifests are applied by the admin (a trusted
 applier), so the operator publishes and signs them into the namespace's bundle.
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
 import json
 import socket
 import subprocess
@@ -61,19 +59,12 @@ def example_manifests(upstream_url: str) -> list[dict[str, Any]]:
 
 
 def service_account_token(api: client.ApiClient, namespace: str, name: str,
-                          timeout: float = 60) -> str:
-    """The token the token controller made for the ServiceAccount (its Secret)."""
-    core = client.CoreV1Api(api)
-
-    def token() -> str | None:
-        for secret in core.list_namespaced_secret(namespace).items:
-            notes = secret.metadata.annotations or {}
-            if secret.type == "kubernetes.io/service-account-token" \
-                    and notes.get("kubernetes.io/service-account.name") == name \
-                    and "token" in (secret.data or {}):
-                return base64.b64decode(secret.data["token"]).decode()
-        return None
-    return str(wait_for(f"a token for ServiceAccount {namespace}/{name}", token, timeout))
+                          seconds: int = 3600) -> str:
+    """A token for the ServiceAccount from the TokenRequest API (what `kubectl create token`
+    asks for; token Secrets are no longer made since Kubernetes 1.24)."""
+    answer = client.CoreV1Api(api).create_namespaced_service_account_token(
+        name, namespace, {"spec": {"expirationSeconds": seconds}})
+    return str(answer.status.token)
 
 
 @contextmanager

@@ -56,15 +56,16 @@ def test_rbac_denies_a_service_account_until_a_role_binding_lets_it_through(
 ) -> None:
     core, rbac = client.CoreV1Api(k8s_api), client.RbacAuthorizationV1Api(k8s_api)
     core.create_namespaced_service_account(namespace, {"metadata": {"name": "robot"}})
-    # the controller manager's token controller signs a token secret for it
-    secret_name = eventually(
-        lambda: next((s.metadata.name for s in core.list_namespaced_secret(namespace).items
-                      if s.type == "kubernetes.io/service-account-token"
-                      and (s.metadata.annotations or {}).get("kubernetes.io/service-account.name") == "robot"),
-                     None), what="service-account token secret")
-    data = core.read_namespaced_secret(secret_name, namespace).data
-    assert base64.b64decode(data["ca.crt"]) == control_plane.ca_file.read_bytes()
-    token = base64.b64decode(data["token"]).decode()
+    # a token from the TokenRequest API, as `kubectl create token` asks for (no token
+    # Secret is made since 1.24); the CA a pod trusts is in every namespace's ConfigMap
+    token = core.create_namespaced_service_account_token(
+        "robot", namespace, {"spec": {"expirationSeconds": 600}}).status.token
+    assert not [s for s in core.list_namespaced_secret(namespace).items
+                if s.type == "kubernetes.io/service-account-token"]
+    root_ca = eventually(lambda: next(iter(core.list_namespaced_config_map(
+        namespace, field_selector="metadata.name=kube-root-ca.crt").items), None),
+        what="the kube-root-ca.crt ConfigMap")
+    assert root_ca.data["ca.crt"] == control_plane.ca_file.read_text()
     kc = make_token_kubeconfig(control_plane.server, control_plane.ca_file, token,
                                tmp_path / "robot.kubeconfig", namespace=namespace)
 

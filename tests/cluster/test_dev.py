@@ -7,6 +7,7 @@ control plane), the way a user runs `unwind dev up`, `down` and `up` again in on
 from __future__ import annotations
 
 import datetime as dt
+import json
 import os
 import subprocess
 import sys
@@ -21,11 +22,13 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from unwind.controlplane import BuildError, ControlPlaneError, ensure_binaries, kubenode
+from unwind.controlplane import BuildError, ControlPlaneError, ensure_binaries, kubenode, nodeclean
 from unwind.controlplane.certs import write_pki
-from unwind.controlplane.cluster import running_in_dir
+from unwind.controlplane.cluster import VERSIONS_FILE, control_plane_version, running_in_dir
 from unwind.controlplane.dev import (
     DAEMONS,
+    OPERATOR_DEPLOYMENT,
+    OPERATOR_NAMESPACE,
     Start,
     chart_action,
     daemon_pid,
@@ -96,7 +99,7 @@ def test_up_after_down_resumes_the_cluster_with_the_manifests_that_were_applied(
     assert not running_in_dir(dev_dir / "cluster")
     assert not [stem for stem, pid in {**daemons, **components}.items() if pid and pid_alive(pid)]
     assert running(dev_dir) is None
-    assert kubenode.kube_chains() == [] and not kubenode.bridge_exists()  # down cleaned the host
+    assert nodeclean.kube_chains() == [] and not kubenode.bridge_exists()  # down cleaned the host
 
     second = up(dev_dir)
     assert second.start.resume, second.start
@@ -113,6 +116,27 @@ def test_up_after_down_resumes_the_cluster_with_the_manifests_that_were_applied(
     assert third.chart == "install"
     out = kubectl(kubeconfig, "get", "namespace", NAMESPACE, check=False)
     assert out == ""
+
+
+def test_down_after_up_and_a_scale_leaves_no_process_and_no_network_namespace_of_the_cluster(
+        dev_dir: Path) -> None:
+    started = up(dev_dir)
+    kubeconfig, dirs = started.control_plane.kubeconfig, started.control_plane.node_dirs
+    kubectl(kubeconfig, "-n", OPERATOR_NAMESPACE, "scale", f"deployment/{OPERATOR_DEPLOYMENT}", "--replicas=3")
+    kubectl(kubeconfig, "-n", OPERATOR_NAMESPACE, "rollout", "status", f"deployment/{OPERATOR_DEPLOYMENT}",
+            "--timeout=180s", timeout=200)
+    containers = nodeclean.cgroup_pids(nodeclean.container_cgroups(nodeclean.container_ids(dirs)))
+    # three replicas, each a pause process and the operator: all in containers of this node
+    assert len(containers) >= 6, containers
+    # their network namespaces (others on the machine, e.g. left by an older `down`, are not ours)
+    ours = nodeclean.netns_of(containers)
+    assert len(ours) >= 3, ours
+    components = running_in_dir(dev_dir / "cluster")
+    assert down(dev_dir)
+    assert [pid for pid in [*containers, *components.values()] if pid_alive(pid)] == []
+    assert set(nodeclean.pod_netns()) & ours == set()
+    assert nodeclean.leftovers(dirs) == []
+    assert not down(dev_dir)  # and a second down finds nothing, because nothing is there
 
 
 def test_a_stale_state_file_whose_processes_are_dead_does_not_block_up(tmp_path: Path) -> None:
@@ -166,6 +190,7 @@ def test_a_stopped_cluster_whose_keys_expired_is_started_clean(tmp_path: Path) -
     (cluster / "etcd" / "member").mkdir(parents=True)
     (cluster / "pki").mkdir()
     write_expired_ca(cluster / "pki")
+    (cluster / VERSIONS_FILE).write_text(json.dumps({"kubernetes": control_plane_version()}))
     start = resume_or_clean(tmp_path)
     assert not start.resume
     assert "ca.crt expires on" in start.why
@@ -176,6 +201,7 @@ def test_a_stopped_cluster_is_resumed_and_clean_wipes_it(tmp_path: Path) -> None
     cluster = tmp_path / "cluster"
     (cluster / "etcd" / "member").mkdir(parents=True)
     write_pki(cluster / "pki", (kubenode.NODE_ADDRESS,))
+    (cluster / VERSIONS_FILE).write_text(json.dumps({"kubernetes": control_plane_version()}))
     assert resume_or_clean(tmp_path).resume
     assert (cluster / "etcd" / "member").is_dir()
     start = resume_or_clean(tmp_path, clean=True)
@@ -183,11 +209,25 @@ def test_a_stopped_cluster_is_resumed_and_clean_wipes_it(tmp_path: Path) -> None
     assert not cluster.exists()
 
 
+@pytest.mark.parametrize("recorded", [None, "1.36.3"], ids=["the 1.20 cluster, unrecorded", "another release"])
+def test_a_stopped_cluster_of_another_kubernetes_release_is_started_clean(tmp_path: Path, recorded: str | None) -> None:
+    cluster = tmp_path / "cluster"
+    (cluster / "etcd" / "member").mkdir(parents=True)
+    write_pki(cluster / "pki", (kubenode.NODE_ADDRESS,))
+    if recorded:
+        (cluster / VERSIONS_FILE).write_text(json.dumps({"kubernetes": recorded}))
+    start = resume_or_clean(tmp_path)
+    assert not start.resume and not cluster.exists()
+    assert start.why == (f"the stopped cluster was made by Kubernetes {recorded or '1.20.2 or unknown'} and this "
+                         f"is {control_plane_version()}: its etcd data cannot be carried over")
+
+
 def test_a_stopped_cluster_whose_serving_certificate_lacks_the_nodes_address_is_started_clean(
         tmp_path: Path) -> None:
     cluster = tmp_path / "cluster"
     (cluster / "etcd" / "member").mkdir(parents=True)
     write_pki(cluster / "pki")  # made before the node: loopback only
+    (cluster / VERSIONS_FILE).write_text(json.dumps({"kubernetes": control_plane_version()}))
     start = resume_or_clean(tmp_path)
     assert not start.resume
     assert f"apiserver.crt is not valid for {kubenode.NODE_ADDRESS}" in start.why

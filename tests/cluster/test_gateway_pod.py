@@ -66,7 +66,8 @@ def test_an_injected_pod_calls_through_its_gateway_into_the_ledger_and_its_agent
             "spec": {"serviceAccountName": AGENT, "restartPolicy": "Never",
                      "containers": [{"name": "agent", "image": "agent:1",
                                      "command": [sys.executable, "-c", AGENT_SCRIPT]}]}})
-        assert [c.name for c in pod.spec.containers] == ["agent", CONTAINER]
+        assert [c.name for c in pod.spec.containers] == ["agent"]
+        assert [(c.name, c.restart_policy) for c in pod.spec.init_containers] == [(CONTAINER, "Always")]
         path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
         with PodRunner(k8s_api, namespace, "agent-run-7", path=path,
                        extra_env={"PYTHONPATH": str(ROOT / "operator")}) as runner:

@@ -36,12 +36,14 @@ def test_a_labelled_pod_gets_the_gateway_and_the_agent_keeps_no_token_and_no_sec
     core.create_namespaced_secret(namespace, {"metadata": {"name": "shop-api"}, "stringData": {"token": "s3cret"}})
     apply(kubeconfig, namespace, tm("get-order", SHOP))
     wait_for("published", lambda: enforced(k8s_api, namespace) == {"shop.get_order": 1})
-    wait_for("the default token controller", lambda: core.read_namespaced_service_account("agent", namespace).secrets)
     pod = core.create_namespaced_pod(namespace, labelled_pod("agent-1", ["sleep", "1"]))
     spec = pod.spec
-    names = [c.name for c in spec.containers]
-    assert names == ["agent", CONTAINER]
-    agent, gateway = spec.containers
+    # a native sidecar on this server (1.29 and later): the first init container, restarted
+    # by the kubelet, started before the agent once its startup probe passes
+    assert [c.name for c in spec.containers] == ["agent"]
+    (agent,), (gateway, *_) = spec.containers, spec.init_containers
+    assert gateway.name == CONTAINER and gateway.restart_policy == "Always"
+    assert gateway.startup_probe is not None
     assert spec.automount_service_account_token is False
     assert not [m for m in agent.volume_mounts or [] if "serviceaccount" in m.mount_path]
     env = {e.name: e.value for e in gateway.env}
@@ -96,7 +98,6 @@ def test_a_labelled_pod_whose_spec_would_let_the_agent_around_its_gateway_is_ref
         operator: OperatorProcess, k8s_api: client.ApiClient, namespace: str) -> None:
     core = client.CoreV1Api(k8s_api)
     core.create_namespaced_service_account(namespace, {"metadata": {"name": "agent"}})
-    wait_for("the default token controller", lambda: core.read_namespaced_service_account("agent", namespace).secrets)
     shared = labelled_pod("shared", ["sleep", "1"])
     shared["spec"]["shareProcessNamespace"] = True
     shared["spec"]["containers"][0]["volumeMounts"] = [{"name": "unwind-token", "mountPath": "/steal"}]
@@ -120,7 +121,6 @@ def test_the_upstream_secret_in_a_labelled_pods_env_is_refused_by_the_api_server
     core.create_namespaced_secret(namespace, {"metadata": {"name": "shop-api"}, "stringData": {"token": "s3cret"}})
     apply(kubeconfig, namespace, tm("get-order", SHOP))
     wait_for("published", lambda: enforced(k8s_api, namespace) == {"shop.get_order": 1})
-    wait_for("the default token controller", lambda: core.read_namespaced_service_account("agent", namespace).secrets)
     pod = labelled_pod("leaky", ["sleep", "1"])
     pod["spec"]["containers"][0]["env"] = [
         {"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "shop-api", "key": "token"}}}]
@@ -166,7 +166,6 @@ def test_with_the_operator_down_a_labelled_pod_is_refused_and_an_unlabelled_pod_
         operator: OperatorProcess, k8s_api: client.ApiClient, namespace: str) -> None:
     core = client.CoreV1Api(k8s_api)
     core.create_namespaced_service_account(namespace, {"metadata": {"name": "agent"}})
-    wait_for("the default token controller", lambda: core.read_namespaced_service_account("agent", namespace).secrets)
     operator.stop()  # every replica: nothing answers the webhooks
     try:
         try:
@@ -184,4 +183,4 @@ def test_with_the_operator_down_a_labelled_pod_is_refused_and_an_unlabelled_pod_
     finally:
         operator.start()
     pod = core.create_namespaced_pod(namespace, labelled_pod("governed", ["sleep", "1"]))
-    assert CONTAINER in [c.name for c in pod.spec.containers]
+    assert CONTAINER in [c.name for c in pod.spec.init_containers or []]

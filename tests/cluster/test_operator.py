@@ -199,6 +199,17 @@ def test_the_operator_killed_refuses_applies_and_restarted_converges_without_ext
     assert load_bundle(after[1], trust(k8s_api), namespace=namespace).high_water["shop.create_order"] == 2
 
 
+def test_what_the_operator_writes_shows_its_field_manager(
+        operator: OperatorProcess, kubeconfig: Path, k8s_api: client.ApiClient) -> None:
+    subprocess.run(["kubectl", f"--kubeconfig={kubeconfig}", "apply", "-f", str(ROOT / "manifests")],
+                   check=True, capture_output=True)
+    kubectl(kubeconfig, "-n", "payments", "wait", "--for=condition=Ready", "toolmanifests", "--all", "--timeout=60s")
+    bundle = client.CoreV1Api(k8s_api).read_namespaced_config_map(BUNDLE_NAME, "payments")
+    assert {f.manager for f in bundle.metadata.managed_fields} == {"unwind-operator"}
+    trust_map = client.CoreV1Api(k8s_api).read_namespaced_config_map("unwind-trust", OPERATOR_NAMESPACE)
+    assert "unwind-operator" in {f.manager for f in trust_map.metadata.managed_fields}
+
+
 def test_the_signing_key_lives_in_a_secret_and_its_public_half_in_the_trust_configmap(
         operator: OperatorProcess, k8s_api: client.ApiClient) -> None:
     secret = client.CoreV1Api(k8s_api).read_namespaced_secret("unwind-signing-key", OPERATOR_NAMESPACE)
@@ -208,10 +219,11 @@ def test_the_signing_key_lives_in_a_secret_and_its_public_half_in_the_trust_conf
 
 def test_the_served_schema_carries_descriptions_for_kubectl_explain(
         operator: OperatorProcess, kubeconfig: Path) -> None:
-    # Kubernetes 1.20 publishes OpenAPI v2, which drops everything under a field that keeps
-    # unknown fields, so `kubectl explain` stops at spec here; clusters serving OpenAPI v3
-    # (1.27+) explain the whole tree from the same schema, which the API server holds.
+    # OpenAPI v3 (1.27+) explains the whole tree, below fields that keep unknown fields too
+    # (OpenAPI v2, which 1.20 published, dropped everything under them)
     assert "One tool an agent may call" in kubectl(kubeconfig, "explain", "toolmanifest.spec")
+    deep = kubectl(kubeconfig, "explain", "toolmanifest.spec.compensation.argument_map")
+    assert "FIELD: argument_map" in deep, deep
     crd = json.loads(kubectl(kubeconfig, "get", "crd", "toolmanifests.unwind.dev", "-o", "json"))
     spec = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
     assert spec["properties"]["compensation"]["description"].startswith("Required for reversible")

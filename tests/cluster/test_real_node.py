@@ -9,7 +9,12 @@ with :func:`unwind.controlplane.dev.up` exactly as ``scripts/dev-up.sh`` does. O
 - README's story (manifests/, examples/demo-agent.yaml unchanged, plan, rollback Jobs) runs
   in containers, and the demo pod completes;
 - a labelled pod that uses the default token mount (kube-api-access-*, as clusters from 1.22
-  on give) is injected, and its agent finds no token; an agent run as a Job completes.
+  on give, no feature gate) is injected, and its agent finds no token;
+- the gateway is a native sidecar (an init container with ``restartPolicy: Always``): an agent
+  run as a Job completes when its agent exits, without ``/quitquitquit``, and the kubelet
+  stops the gateway after the agent, which still finishes and records the call in flight;
+- Pod Security admission enforces "restricted" on the examples' namespaces: the injected
+  pods and the undo Jobs are admitted, an agent that breaks the profile is refused.
 
 One node runs per machine (kube-proxy owns the host's KUBE-* chains), so the module's
 cluster is stopped before any other test starts one.
@@ -30,11 +35,13 @@ import yaml
 from cluster_helpers import wait_for
 from kubernetes import client, config
 
-from unwind.controlplane import kubenode
+from unwind.controlplane import kubenode, nodeclean
+from unwind.controlplane.build import PARTS, kubectl_binary
 from unwind.controlplane.dev import (
     OPERATOR_DEPLOYMENT,
     OPERATOR_NAMESPACE,
     ROOT,
+    UPSTREAM_PORT,
     Started,
     down,
     kubectl,
@@ -57,7 +64,7 @@ def dev(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Started]:
         yield started
     finally:
         down(workdir)
-        left = kubenode.clean_host(started.control_plane.node_dirs, started.control_plane.node_dirs.root / "host.json")
+        left = nodeclean.clean_host(started.control_plane.node_dirs, started.control_plane.node_dirs.root / "host.json")
         assert left == [], left
 
 
@@ -97,6 +104,10 @@ def plugin(kc: Path, *args: str) -> subprocess.CompletedProcess[str]:
 
 def test_the_node_is_ready_with_containerd_and_the_operator_runs_as_the_charts_deployment(
         kc: Path, api: client.ApiClient) -> None:
+    control_plane, node = (part.kube_version for part in PARTS)
+    said = kubectl(kc, "version")
+    assert f"Client Version: v{control_plane}" in said and f"Server Version: v{control_plane}" in said
+    assert kubectl(kc, "get", "nodes").splitlines()[1].split()[4] == f"v{node}"
     nodes = kubectl(kc, "get", "nodes", "-o", "wide").splitlines()
     assert nodes[0].split()[:2] == ["NAME", "STATUS"]
     row = nodes[1].split()
@@ -128,9 +139,17 @@ def test_the_readme_story_runs_in_containers_and_the_demo_pod_completes(
     assert "github.create_issue: 200 compensable, ledger demo-run entry issue-1" in said
     assert "github.create_release: 200 irreversible" in said
     pod = client.CoreV1Api(api).read_namespaced_pod("demo-run", "code-hosting")
-    assert {s.name: s.state.terminated.exit_code for s in pod.status.container_statuses} == {
-        "agent": 0, CONTAINER: 0}
-    assert all(s.container_id.startswith("containerd://") for s in pod.status.container_statuses)
+    # the gateway is a native sidecar: the pod ended because its agent did, then the
+    # kubelet stopped the gateway
+    assert {s.name: s.state.terminated.exit_code for s in pod.status.container_statuses} == {"agent": 0}
+    (gateway,) = pod.status.init_container_statuses
+    assert gateway.name == CONTAINER and gateway.state.terminated is not None
+    assert all(s.container_id.startswith("containerd://")
+               for s in [*pod.status.container_statuses, gateway])
+    # under Pod Security "restricted" (manifests/00-namespaces.yaml): the pod with its
+    # injected gateway was admitted, and so were the undo Jobs' pods below
+    labels = client.CoreV1Api(api).read_namespace("code-hosting").metadata.labels
+    assert labels["pod-security.kubernetes.io/enforce"] == "restricted"
 
     plan = plugin(kc, "plan", "ledger/demo-run", "-n", "code-hosting", "--json")
     assert plan.returncode == 0, plan.stderr
@@ -142,6 +161,9 @@ def test_the_readme_story_runs_in_containers_and_the_demo_pod_completes(
     assert "ledger/demo-run: rolled back: 3 steps ran" in ran.stdout, ran.stdout
     ledger = json.loads(kubectl(kc, "-n", "code-hosting", "get", "ledger", "demo-run", "-o", "json"))
     assert {c["type"]: c["status"] for c in ledger["status"]["conditions"]}["RolledBack"] == "True"
+    events = wait_for("the RolledBack Event", lambda: "RolledBack" in (out := kubectl(
+        kc, "events", "-n", "code-hosting", "--for", "effectledger/demo-run")) and out, timeout=30)
+    assert "Planned" in events and "StepSucceeded" in events, events
     jobs = client.CoreV1Api(api).list_namespaced_pod("code-hosting", label_selector="job-name").items
     assert len(jobs) >= 3
     for job_pod in jobs:  # each undo ran in a container of the image, and ended well
@@ -157,15 +179,23 @@ def test_the_readme_story_runs_in_containers_and_the_demo_pod_completes(
         p.metadata.name: 0 for p in operators}
 
 
+def demo_account() -> list[dict[str, Any]]:
+    """examples/demo-agent.yaml's ServiceAccount and RoleBinding (not its Pod)."""
+    docs = [d for d in yaml.safe_load_all((ROOT / "examples" / "demo-agent.yaml").read_text()) if d]
+    return [d for d in docs if d["kind"] != "Pod"]
+
+
+RESTRICTED = {"runAsNonRoot": True, "allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
+              "seccompProfile": {"type": "RuntimeDefault"}}
+
+
 def agent_pod(name: str, namespace: str, script: str, *, labelled: bool = True) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": name, "namespace": namespace,
                          "labels": {"unwind.dev/inject": "true"} if labelled else {}},
             "spec": {"restartPolicy": "Never", "containers": [{
                 "name": "agent", "image": "unwind:dev", "command": ["python", "-c", script],
-                "securityContext": {"runAsNonRoot": True, "allowPrivilegeEscalation": False,
-                                    "capabilities": {"drop": ["ALL"]},
-                                    "seccompProfile": {"type": "RuntimeDefault"}}}]}}
+                "securityContext": dict(RESTRICTED)}]}}
 
 
 LOOK_FOR_TOKEN = f"""
@@ -199,7 +229,10 @@ def test_a_pod_with_the_default_token_mount_is_injected_and_its_agent_holds_no_t
     core = client.CoreV1Api(api)
     plain = agent_pod("plain", "code-hosting", LOOK_FOR_TOKEN, labelled=False)
     labelled = agent_pod("labelled", "code-hosting", LOOK_FOR_TOKEN)
-    kubectl(kc, "apply", "-f", "-", input_text=yaml.safe_dump_all([plain]))
+    # a native sidecar starts the agent only once the gateway is ready, which needs the
+    # demo's ServiceAccount (allowed to read the bundle and write the ledger)
+    labelled["spec"]["serviceAccountName"] = "demo-agent"
+    kubectl(kc, "apply", "-f", "-", input_text=yaml.safe_dump_all([*demo_account(), plain]))
     # what the ServiceAccount admission plugin gives a pod here, as on clusters from 1.22 on
     volumes = core.read_namespaced_pod("plain", "code-hosting").spec.volumes
     assert any(v.name.startswith("kube-api-access-") and v.projected for v in volumes), volumes
@@ -232,9 +265,9 @@ def test_an_agent_run_as_a_job_completes_with_its_gateway(kc: Path, api: client.
                        "arguments": {"repo": "octo/hello", "issue": 7, "client_id": name, "body": "from a Job"}}])}]}]}}}}
     kubectl(kc, "apply", "-f", "-", input_text=yaml.safe_dump_all([job]))
     batch = client.BatchV1Api(api)
-    done = wait_for(f"Job {name} complete", lambda: next((
+    done = wait_for(f"Job {name} to end", lambda: next((
         c.type for c in (batch.read_namespaced_job(name, "code-hosting").status.conditions or [])
-        if c.status == "True"), None), timeout=150)
+        if c.status == "True" and c.type in ("Complete", "Failed")), None), timeout=150)
     assert done == "Complete"
     ledger = json.loads(kubectl(kc, "-n", "code-hosting", "get", "ledger", name, "-o", "json"))
     assert [(e["id"], e["state"]) for e in ledger["status"]["entries"]] == [("job-comment", "succeeded")]
@@ -264,3 +297,81 @@ def test_killing_the_leader_pod_hands_the_reconcile_over_to_the_other_replica(
     started = time.monotonic()
     kubectl(kc, "-n", "code-hosting", "wait", "--for=condition=Ready", f"toolmanifest/{name}", "--timeout=90s")
     assert time.monotonic() - started < 90
+
+
+# One call whose upstream answers after 3 s, which the agent does not wait for: it gives up
+# after 1 s and exits, without POST /quitquitquit. The gateway, stopped by the kubelet after
+# the agent, still has the call in flight.
+LEAVES_A_CALL_IN_FLIGHT = """
+import json, urllib.request
+body = json.dumps({"arguments": {"repo": "octo/hello", "issue": 7, "client_id": "in-flight",
+                                 "body": "sent as the agent leaves"}}).encode()
+req = urllib.request.Request("http://127.0.0.1:8787/call/github.create_comment", data=body, method="POST",
+                             headers={"Content-Type": "application/json", "Idempotency-Key": "in-flight-1"})
+try:
+    urllib.request.urlopen(req, timeout=1)
+    print("ANSWERED")
+except OSError as exc:
+    print("LEFT", type(exc).__name__)
+"""
+
+
+def behave(route: str, mode: str, **extra: Any) -> None:
+    """Tell the examples' upstream (which `unwind dev up` runs on this machine) how to answer."""
+    import urllib.request
+
+    body = json.dumps({"route": route, "mode": mode, **extra}).encode()
+    urllib.request.urlopen(urllib.request.Request(f"http://127.0.0.1:{UPSTREAM_PORT}/_admin/behave", data=body,
+                                                  headers={"Content-Type": "application/json"}), timeout=10)
+
+
+def test_an_agent_job_completes_when_its_agent_exits_and_its_gateway_finishes_the_call_in_flight(
+        kc: Path, api: client.ApiClient, manifests: None) -> None:
+    demo = [d for d in yaml.safe_load_all((ROOT / "examples" / "demo-agent.yaml").read_text()) if d]
+    template = demo[-1]
+    name = f"in-flight-{uuid.uuid4().hex[:6]}"
+    job = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": name, "namespace": "code-hosting"},
+           "spec": {"backoffLimit": 0, "template": {
+               "metadata": {"labels": template["metadata"]["labels"], "annotations": {"unwind.dev/run": name}},
+               "spec": {**template["spec"], "containers": [{
+                   **template["spec"]["containers"][0], "env": [],
+                   "command": ["python", "-c", LEAVES_A_CALL_IN_FLIGHT]}]}}}}
+    behave("comments.create", "slow", delay=3)
+    try:
+        kubectl(kc, "apply", "-f", "-", input_text=yaml.safe_dump(job))
+        batch, core = client.BatchV1Api(api), client.CoreV1Api(api)
+        done = wait_for(f"Job {name} to end", lambda: next((
+            c.type for c in (batch.read_namespaced_job(name, "code-hosting").status.conditions or [])
+            if c.status == "True" and c.type in ("Complete", "Failed")), None), timeout=150)
+    finally:
+        behave("comments.create", "ok")
+    (pod,) = core.list_namespaced_pod("code-hosting", label_selector=f"job-name={name}").items
+    assert done == "Complete", kubectl(kc, "-n", "code-hosting", "describe", "pod", pod.metadata.name)
+    assert "LEFT" in kubectl(kc, "-n", "code-hosting", "logs", pod.metadata.name, "-c", "agent")
+    # a native sidecar, so nothing told the gateway to quit: the kubelet stopped it after the agent
+    (sidecar,) = pod.spec.init_containers
+    assert sidecar.name == CONTAINER and sidecar.restart_policy == "Always"
+    assert "UNWIND_QUIT" not in {e.name for e in sidecar.env}
+    (agent,), (gateway,) = pod.status.container_statuses, pod.status.init_container_statuses
+    assert gateway.state.terminated.finished_at >= agent.state.terminated.finished_at
+    # and before it went, the call in flight was answered and its end recorded
+    ledger = json.loads(kubectl(kc, "-n", "code-hosting", "get", "ledger", name, "-o", "json"))
+    assert [(e["id"], e["state"]) for e in ledger["status"]["entries"]] == [("in-flight-1", "succeeded")]
+
+
+def test_pod_security_restricted_refuses_an_agent_that_breaks_it_and_names_the_agents_container(
+        kc: Path, api: client.ApiClient, manifests: None) -> None:
+    kubectl(kc, "apply", "-f", "-", input_text=yaml.safe_dump_all(demo_account()))
+    pod = agent_pod("unrestricted", "code-hosting", LOOK_FOR_TOKEN)
+    pod["spec"]["serviceAccountName"] = "demo-agent"
+    del pod["spec"]["containers"][0]["securityContext"]
+    proc = subprocess.run([kubectl_binary(), f"--kubeconfig={kc}", "apply", "-f", "-"], input=yaml.safe_dump(pod),
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode != 0
+    assert 'violates PodSecurity "restricted:latest"' in proc.stderr, proc.stderr
+    assert 'container "agent" must set securityContext.allowPrivilegeEscalation=false' in proc.stderr
+    assert CONTAINER not in proc.stderr  # the injected gateway meets the profile
+    # the same pod meeting the profile is admitted, with its gateway
+    kubectl(kc, "apply", "-f", "-", input_text=yaml.safe_dump({**pod, "metadata": {**pod["metadata"], "name": "restricted"},
+            "spec": {**pod["spec"], "containers": [{**pod["spec"]["containers"][0], "securityContext": RESTRICTED}]}}))
+    assert finished(api, "code-hosting", "restricted") == "Succeeded"

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from unwind.controlplane import image
+from unwind.controlplane import image, imageimport, imageinputs
 from unwind.controlplane.build import BuildError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -58,12 +58,12 @@ def make_context(root: Path) -> Path:
     ("Dockerfile.dev", False),
 ])
 def test_the_repositorys_dockerignore(path: str, ignored: bool) -> None:
-    rules = image.DockerIgnore.parse((REPO / ".dockerignore").read_text())
+    rules = imageinputs.DockerIgnore.parse((REPO / ".dockerignore").read_text())
     assert rules.ignored(path) is ignored
 
 
 def test_dockerignore_exceptions_comments_and_last_match() -> None:
-    rules = image.DockerIgnore.parse(
+    rules = imageinputs.DockerIgnore.parse(
         "# a comment\n\n*.md\n!README.md\n/build/\ndocs/**/*.png\n!docs/keep/**\nsub/?.txt\n"
         "[ab].cfg\n")
     assert rules.ignored("CHANGES.md")
@@ -79,20 +79,20 @@ def test_dockerignore_exceptions_comments_and_last_match() -> None:
 
 def test_context_files_follow_the_dockerignore(tmp_path: Path) -> None:
     root = make_context(tmp_path)
-    assert image.context_files(root) == [
+    assert imageinputs.context_files(root) == [
         "README.md", "operator/unwind/__init__.py", "operator/unwind/main.py", "pyproject.toml"]
 
 
 def test_context_files_with_an_exception_look_inside_ignored_directories(tmp_path: Path) -> None:
     root = make_context(tmp_path)
     (root / ".dockerignore").write_text("tests\n!tests/test_x.py\n")
-    files = image.context_files(root)
+    files = imageinputs.context_files(root)
     assert "tests/test_x.py" in files
     assert "operator/unwind/__pycache__/main.cpython-311.pyc" in files
 
 
 def test_the_real_context_is_the_package_and_its_metadata() -> None:
-    files = image.context_files(REPO)
+    files = imageinputs.context_files(REPO)
     assert {"pyproject.toml", "README.md", "operator/unwind/controlplane/image.py"} <= set(files)
     assert not any(f.startswith(("tests/", ".git/", ".venv/", "charts/")) for f in files)
     assert not any("__pycache__" in f or f.endswith(".pyc") for f in files)
@@ -167,7 +167,7 @@ def test_mirror_from_deb822_sources(tmp_path: Path) -> None:
     (tmp_path / "sources.list.d" / "debian.sources").write_text(DEB822)
     (tmp_path / "sources.list.d" / "other.sources.disabled").write_text(
         "Types: deb\nURIs: http://wrong.example/\nSuites: bookworm\n")
-    assert image.debian_mirror("bookworm", tmp_path) == "http://mirror.example/debian"
+    assert imageinputs.debian_mirror("bookworm", tmp_path) == "http://mirror.example/debian"
 
 
 def test_mirror_from_a_one_line_sources_list(tmp_path: Path) -> None:
@@ -176,7 +176,7 @@ def test_mirror_from_a_one_line_sources_list(tmp_path: Path) -> None:
         "deb-src http://src.example/debian bookworm main\n"
         "deb [arch=amd64 signed-by=/usr/share/keyrings/k.gpg] http://mirror.example/debian/ bookworm main\n"
         "deb http://security.example/debian-security bookworm-security main\n")
-    assert image.debian_mirror("bookworm", tmp_path) == "http://mirror.example/debian"
+    assert imageinputs.debian_mirror("bookworm", tmp_path) == "http://mirror.example/debian"
 
 
 def test_mirror_disabled_and_fallback_entries(tmp_path: Path) -> None:
@@ -185,19 +185,19 @@ def test_mirror_disabled_and_fallback_entries(tmp_path: Path) -> None:
         "Types: deb\nURIs: http://off.example/\nSuites: bookworm\nEnabled: no\n\n"
         "Types: deb\nURIs: http://sec.example/\nSuites: bookworm-security\n\n"
         "Types: deb\nURIs: http://upd.example/\n  http://upd2.example/\nSuites: bookworm-updates\n")
-    assert image.debian_mirror("bookworm", tmp_path) == "http://upd.example"
+    assert imageinputs.debian_mirror("bookworm", tmp_path) == "http://upd.example"
 
 
 def test_no_mirror_is_an_error(tmp_path: Path) -> None:
     (tmp_path / "sources.list").write_text("deb http://x.example/ trixie main\n")
     with pytest.raises(image.ImageError, match="no Debian apt source"):
-        image.debian_mirror("bookworm", tmp_path)
+        imageinputs.debian_mirror("bookworm", tmp_path)
 
 
 def test_this_machine_has_a_mirror() -> None:
     if not Path("/etc/apt").is_dir():
         pytest.skip("not a Debian machine")
-    assert image.debian_mirror().startswith(("http://", "https://", "file:/"))
+    assert imageinputs.debian_mirror().startswith(("http://", "https://", "file:/"))
 
 
 # --- the host's pip settings -----------------------------------------------------------
@@ -212,17 +212,17 @@ def test_pip_config_merges_files_and_environment(tmp_path: Path) -> None:
         "[install]\nno-compile = yes\n")
     env = {"XDG_CONFIG_DIRS": str(tmp_path / "xdg"), "HOME": str(tmp_path / "home"),
            "PIP_DEFAULT_TIMEOUT": "180", "PIP_FIND_LINKS": "/opt/wheels", "PATH": "/bin"}
-    conf = image.host_pip_config(env)
+    conf = imageinputs.host_pip_config(env)
     assert conf["global"]["constraint"] == "/etc/c.txt"
     assert conf["global"]["timeout"] == "20"  # the user file wins over the global one
     assert conf["global"]["default-timeout"] == "180"
     assert conf["global"]["find-links"] == "/opt/wheels"
     assert conf["install"] == {"no-compile": "yes"}
-    assert image.host_pip_config({**env, "PIP_CONFIG_FILE": "/dev/null"}) == {
+    assert imageinputs.host_pip_config({**env, "PIP_CONFIG_FILE": "/dev/null"}) == {
         "global": {"default-timeout": "180", "find-links": "/opt/wheels"}}
 
     out = tmp_path / "pip.conf"
-    image.write_pip_conf(conf, out)
+    imageinputs.write_pip_conf(conf, out)
     assert "extra-index-url = file:///opt/idx/simple https://x.example/s" in out.read_text()
 
 
@@ -237,7 +237,7 @@ def test_pip_mounts_are_the_local_paths_the_settings_name(tmp_path: Path) -> Non
         "find-links": f"{tmp_path}/wheels {tmp_path}/wheels/sub {tmp_path}/missing",
         "timeout": "/not/a/path/key",
     }}
-    assert image.pip_mounts(conf) == [str(tmp_path / "c.txt"), str(tmp_path / "idx"),
+    assert imageinputs.pip_mounts(conf) == [str(tmp_path / "c.txt"), str(tmp_path / "idx"),
                                       str(tmp_path / "wheels")]
 
 
@@ -429,7 +429,7 @@ def docker_archive(path: Path, tags: list[str], config: bytes = b'{"architecture
     ("me/tool", "docker.io/me/tool:latest"),
 ])
 def test_normalize_ref(ref: str, normal: str) -> None:
-    assert image.normalize_ref(ref) == normal
+    assert imageimport.normalize_ref(ref) == normal
 
 
 class FakeCtr:
@@ -468,7 +468,7 @@ def test_import_skips_what_containerd_has(tmp_path: Path, monkeypatch: pytest.Mo
         "localhost/unwind-pause:1": ("sha256:m2", "sha256:old"),
     })
     monkeypatch.setattr(subprocess, "run", fake)
-    got = image.import_images("/run/c.sock", [have, stale], log=tmp_path / "import.log")
+    got = imageimport.import_images("/run/c.sock", [have, stale], log=tmp_path / "import.log")
     assert got == [stale]
     imports = [c for c in fake.calls if c[5:7] == ["images", "import"]]
     assert imports == [["ctr", "--address", "/run/c.sock", "-n", "k8s.io", "images", "import",
@@ -480,7 +480,7 @@ def test_import_when_a_tag_is_missing(tmp_path: Path, monkeypatch: pytest.Monkey
     cfg = docker_archive(tar, ["docker.io/library/unwind:dev", "localhost/unwind:abc"])
     fake = FakeCtr({"docker.io/library/unwind:dev": ("sha256:m1", cfg)})
     monkeypatch.setattr(subprocess, "run", fake)
-    assert image.import_images("/run/c.sock", [tar], log=tmp_path / "import.log") == [tar]
+    assert imageimport.import_images("/run/c.sock", [tar], log=tmp_path / "import.log") == [tar]
 
 
 def test_import_accepts_images(cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -490,7 +490,7 @@ def test_import_accepts_images(cache: Path, tmp_path: Path, monkeypatch: pytest.
     docker_archive(plan.pause.tar, list(plan.pause.tags))
     fake = FakeCtr({})
     monkeypatch.setattr(subprocess, "run", fake)
-    got = image.import_images("/run/c.sock", plan, snapshotter="overlayfs")
+    got = imageimport.import_images("/run/c.sock", plan, snapshotter="overlayfs")
     assert got == [plan.unwind.tar, plan.pause.tar]
     assert next(c for c in fake.calls if "import" in c)[7:9] == ["--snapshotter", "overlayfs"]
 
@@ -498,7 +498,7 @@ def test_import_accepts_images(cache: Path, tmp_path: Path, monkeypatch: pytest.
 def test_archive_info_reads_tags_and_config(tmp_path: Path) -> None:
     tar = tmp_path / "a.tar"
     cfg = docker_archive(tar, ["localhost/x:1"])
-    assert image.archive_info(tar) == (["localhost/x:1"], cfg)
+    assert imageimport.archive_info(tar) == (["localhost/x:1"], cfg)
 
 
 def test_main_prints_refs_and_tars(cache: Path, monkeypatch: pytest.MonkeyPatch,
@@ -547,9 +547,10 @@ def _programs_run(source: str) -> set[str]:
 def test_every_program_the_image_build_runs_is_installed_by_the_build() -> None:
     """A program missing from the install table works on a machine that has it by hand and
     fails on a fresh one (skopeo did: 'could not start skopeo' on a clean machine)."""
-    from unwind.controlplane.build import TOOL_PACKAGES
+    from unwind.controlplane.build import MACHINE_TOOLS, TOOL_PACKAGES
 
     programs = _programs_run((REPO / "operator/unwind/controlplane/image.py").read_text())
     assert {"skopeo", "debootstrap", "go"} <= programs  # the scan sees the build's commands
-    missing = sorted(p for p in programs if p not in TOOL_PACKAGES and p not in _BASE_SYSTEM)
+    missing = sorted(p for p in programs if p not in TOOL_PACKAGES and p not in _BASE_SYSTEM
+                     and p not in MACHINE_TOOLS)
     assert missing == [], f"add these to build.TOOL_PACKAGES: {missing}"

@@ -4,6 +4,7 @@ a kubelet that serves only clients the API server vouches for."""
 
 from __future__ import annotations
 
+import json
 import tomllib
 from pathlib import Path
 
@@ -48,14 +49,25 @@ def test_the_kubelets_sockets_fit_a_unix_socket_path_however_deep_the_work_direc
 
 
 def test_the_kubelet_serves_only_clients_the_api_server_vouches_for(tmp_path: Path) -> None:
-    args = kubenode.kubelet_args(Path("/bin/kubelet"), NodeDirs(tmp_path), tmp_path / "kc", tmp_path / "ca.crt",
-                                 "localhost/unwind-pause:1")
-    assert "--anonymous-auth=false" in args and "--authorization-mode=Webhook" in args
-    assert "--authentication-token-webhook" in args and f"--client-ca-file={tmp_path / 'ca.crt'}" in args
-    assert "--read-only-port=0" in args  # the unauthenticated port is off
-    assert f"--node-ip={kubenode.NODE_ADDRESS}" in args and "--container-runtime=remote" in args
-    assert "--image-gc-high-threshold=100" in args  # imported images cannot be pulled again
+    config = kubenode.kubelet_config(NodeDirs(tmp_path), tmp_path / "ca.crt")
+    assert config["authentication"] == {"anonymous": {"enabled": False}, "webhook": {"enabled": True},
+                                        "x509": {"clientCAFile": str(tmp_path / "ca.crt")}}
+    assert config["authorization"] == {"mode": "Webhook"}
+    assert config["readOnlyPort"] == 0  # the unauthenticated port is off
+    assert config["imageGCHighThresholdPercent"] == 100  # imported images cannot be pulled again
+
+
+def test_the_kubelet_runs_on_cgroup_v1_without_systemd_and_reads_its_configuration_file(tmp_path: Path) -> None:
     dirs = NodeDirs(tmp_path)
+    config = kubenode.kubelet_config(dirs, tmp_path / "ca.crt")
+    # from 1.35 a kubelet refuses cgroup v1 (these machines) unless told not to
+    assert config["failCgroupV1"] is False and config["cgroupDriver"] == "cgroupfs"
+    assert config["cgroupsPerQOS"] is False and config["enforceNodeAllocatable"] == []
+    assert config["containerRuntimeEndpoint"] == f"unix://{dirs.containerd_socket}"
+    args = kubenode.kubelet_args(Path("/bin/kubelet"), dirs, tmp_path / "kc", tmp_path / "ca.crt")
+    written = json.loads((tmp_path / "kubelet-config.json").read_text())
+    assert f"--config={tmp_path / 'kubelet-config.json'}" in args and written == config
+    assert f"--node-ip={kubenode.NODE_ADDRESS}" in args
     assert f"--root-dir={dirs.kubelet_root}" in args and f"--cert-dir={tmp_path / 'pki'}" in args
     # its own work directory is in its command line: a pid is checked to be the one started
     assert any(str(tmp_path) in a for a in args)

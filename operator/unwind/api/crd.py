@@ -101,6 +101,9 @@ def crd_for(kind: Kind) -> dict[str, Any]:
     if "conditions" in status.get("properties", {}):
         status["properties"]["conditions"].update(_CONDITIONS)
     spec = schema_for(kind.spec, open_objects=kind.open_spec)
+    if kind.spec_rules:
+        spec["x-kubernetes-validations"] = [{"rule": rule, "message": message}
+                                            for rule, message in kind.spec_rules]
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",

@@ -211,6 +211,29 @@ class Kind:
     description: str
     columns: tuple[Column, ...] = field(default_factory=tuple)
     open_spec: bool = False  # keep unknown spec fields so the webhook can refuse typos
+    # CEL rules on the spec (x-kubernetes-validations: rule, message), enforced by the API
+    # server itself, with no webhook: what must hold whoever writes and whatever runs
+    spec_rules: tuple[tuple[str, str], ...] = field(default_factory=tuple)
+
+
+# What a ledger records never changes (the mutating webhook says so first, and stamps the
+# rollback's requester, which a rule cannot: it sees no annotations).
+LEDGER_RULES = (
+    ("self.run == oldSelf.run",
+     "spec.run: is written by the gateway when it creates the ledger and never changes; to undo "
+     "the run, set spec.rollback (`kubectl unwind rollback`)"),
+    ("(has(self.page) ? self.page : 1) == (has(oldSelf.page) ? oldSelf.page : 1)",
+     "spec.page: is written by the gateway when it creates the ledger and never changes"),
+    ("has(self.owner) == has(oldSelf.owner) && (!has(self.owner) || self.owner == oldSelf.owner)",
+     "spec.owner: is written by the gateway when it creates the ledger and never changes"),
+)
+# An Approval is a record (the validating webhook also keeps its stamped approver, in
+# annotations, which a rule cannot see).
+APPROVAL_RULES = (
+    ("self == oldSelf",
+     "spec: an Approval is a record and cannot be changed after creation; create a new Approval "
+     "(a deny is final)"),
+)
 
 
 READY = '.status.conditions[?(@.type=="Ready")].status'
@@ -229,11 +252,13 @@ KINDS: tuple[Kind, ...] = (
           Column("Page", ".spec.page", "integer", 1),
           Column("Rolled Back", '.status.conditions[?(@.type=="RolledBack")].reason', "string", 1),
           Column("Requested By", ".status.rollback.requestedBy.user", "string", 1),
-          Column("Age", ".metadata.creationTimestamp", "date"))),
+          Column("Age", ".metadata.creationTimestamp", "date")),
+         spec_rules=LEDGER_RULES),
     Kind("Approval", "approvals", (), ApprovalSpec, ApprovalStatus,
          "A recorded approve or deny decision on a manifest version or a ledger entry.",
          (Column("Decision", ".spec.decision"), Column("ToolManifest", ".spec.target.toolManifest"),
           Column("Ledger", ".spec.target.effectLedger"), Column("Entry", ".spec.target.entry"),
           Column("Approver", r".metadata.annotations.unwind\.dev/approver"),
-          Column("Age", ".metadata.creationTimestamp", "date"))),
+          Column("Age", ".metadata.creationTimestamp", "date")),
+         spec_rules=APPROVAL_RULES),
 )

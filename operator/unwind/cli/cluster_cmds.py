@@ -160,7 +160,8 @@ def cmd_dev_node(args: argparse.Namespace) -> int:
 
 
 def cmd_dev_image(args: argparse.Namespace) -> int:
-    from ..controlplane.image import ImageError, ensure_images, import_images
+    from ..controlplane.image import ImageError, ensure_images
+    from ..controlplane.imageimport import import_images
 
     try:
         images = ensure_images()

@@ -13,6 +13,7 @@ import ipaddress
 from dataclasses import dataclass
 from pathlib import Path
 
+import yaml
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
@@ -146,3 +147,69 @@ def write_pki(directory: Path, ips: tuple[str, ...] = ()) -> CertFiles:
     files.sa_pub.write_bytes(sa.public_key().public_bytes(
         serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
     return files
+
+
+def pki_files(directory: Path) -> CertFiles:
+    """Where write_pki puts each key and certificate in ``directory``."""
+    return pki_layout(directory)
+
+
+WEBHOOK_CLIENT_CN = "kube-apiserver-webhook-client"
+
+
+def write_webhook_client(directory: Path) -> Path:
+    """A CA of its own and the client certificate the API server presents to admission
+    webhooks (``webhook-client-ca.crt``: what an operator given ``UNWIND_WEBHOOK_CLIENT_CA``
+    trusts), and the admission configuration that makes it do so; returns the latter (for
+    ``--admission-control-config-file``). Made afresh at each start: cheap, and nothing
+    else holds them."""
+    from ..operator.certs import issue, new_ca
+
+    now = dt.datetime.now(dt.UTC)
+    year = dt.timedelta(days=365)
+    ca, ca_key = new_ca(now, year)
+    cert, key = issue(ca, ca_key, [WEBHOOK_CLIENT_CN], now, year, client=True)
+    (directory / "webhook-client-ca.crt").write_text(ca)
+    (directory / "webhook-client.crt").write_text(cert)
+    key_file = directory / "webhook-client.key"
+    key_file.write_text(key)
+    key_file.chmod(0o600)
+    kubeconfig = directory / "webhook-client.kubeconfig"
+    kubeconfig.write_text(yaml.safe_dump({"apiVersion": "v1", "kind": "Config", "users": [
+        # "*": every webhook the API server calls, by URL or by Service
+        {"name": "*", "user": {"client-certificate": str(directory / "webhook-client.crt"),
+                               "client-key": str(key_file)}}]}))
+    config = directory / "admission.yaml"
+    config.write_text(yaml.safe_dump({
+        "apiVersion": "apiserver.config.k8s.io/v1", "kind": "AdmissionConfiguration",
+        "plugins": [{"name": name, "configuration": {
+            "apiVersion": "apiserver.config.k8s.io/v1", "kind": "WebhookAdmissionConfiguration",
+            "kubeConfigFile": str(kubeconfig)}}
+            for name in ("ValidatingAdmissionWebhook", "MutatingAdmissionWebhook")]}))
+    return config
+
+
+def pki_problem(directory: Path, margin: dt.timedelta = dt.timedelta(days=1),
+                ips: tuple[str, ...] = ()) -> str | None:
+    """Why the keys in ``directory`` cannot be reused (missing, unreadable, expiring within
+    ``margin``, a serving certificate without one of ``ips``), or None when they can."""
+    files = pki_files(directory)
+    missing = [p.name for p in vars(files).values() if not p.is_file()]
+    if missing:
+        return f"{directory} lacks {', '.join(missing)}"
+    for cert_file in (files.ca_cert, files.serving_cert):
+        try:
+            cert = x509.load_pem_x509_certificate(cert_file.read_bytes())
+        except (OSError, ValueError) as exc:
+            return f"{cert_file} cannot be read: {exc}"
+        if cert.not_valid_after_utc < dt.datetime.now(dt.UTC) + margin:
+            return f"{cert_file} expires on {cert.not_valid_after_utc:%Y-%m-%d %H:%M} UTC"
+    serving = x509.load_pem_x509_certificate(files.serving_cert.read_bytes())
+    try:
+        sans = {str(a) for a in serving.extensions.get_extension_for_class(
+            x509.SubjectAlternativeName).value.get_values_for_type(x509.IPAddress)}
+    except x509.ExtensionNotFound:
+        sans = set()
+    if missing_ips := [ip for ip in ips if ip not in sans]:
+        return f"{files.serving_cert} is not valid for {', '.join(missing_ips)}"
+    return None

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import datetime as dt
 import json
 import secrets
 import signal
@@ -33,19 +32,31 @@ from types import TracebackType
 from typing import IO, Any
 
 import yaml
-from cryptography import x509
 
-from . import kubenode
-from .build import BinPaths, ensure_binaries
-from .certs import CertFiles, pki_layout, write_pki
+from . import kubenode, nodeclean
+from .build import PARTS, BinPaths, ensure_binaries
+from .certs import CertFiles, pki_files, pki_problem, write_pki, write_webhook_client
 from .procs import die_with_parent, pid_alive, pid_is_component, terminate
 
 NODE_COMPONENTS = ("kube-proxy", "kube-scheduler", "kubelet", "containerd")  # stop order
 # the node first (its kubelet reports to the API server), then the API server before etcd
 STOP_ORDER = (*NODE_COMPONENTS, "kube-controller-manager", "kube-apiserver", "etcd")
-# Since 1.22 pods get a projected token volume (kube-api-access-*); 1.20 has it behind this gate.
-FEATURE_GATES = "BoundServiceAccountTokenVolume=true"
 NODE_USER = f"system:node:{kubenode.NODE_NAME}"
+VERSIONS_FILE = "versions.json"
+
+
+def control_plane_version() -> str:
+    """The Kubernetes release of the control plane built here (``1.37.2``)."""
+    return PARTS[0].kube_version
+
+
+def data_version(workdir: Path) -> str | None:
+    """The release whose etcd made the data in workdir (None: unknown, made before the
+    release was recorded, e.g. by the 1.20.2 cluster this project once ran)."""
+    try:
+        return str(json.loads((workdir / VERSIONS_FILE).read_text())["kubernetes"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 class ControlPlaneError(RuntimeError):
@@ -97,72 +108,6 @@ def make_token_kubeconfig(
     return path
 
 
-def pki_files(directory: Path) -> CertFiles:
-    """Where write_pki puts each key and certificate in ``directory``."""
-    return pki_layout(directory)
-
-
-WEBHOOK_CLIENT_CN = "kube-apiserver-webhook-client"
-
-
-def write_webhook_client(directory: Path) -> Path:
-    """A CA of its own and the client certificate the API server presents to admission
-    webhooks (``webhook-client-ca.crt``: what an operator given ``UNWIND_WEBHOOK_CLIENT_CA``
-    trusts), and the admission configuration that makes it do so; returns the latter (for
-    ``--admission-control-config-file``). Made afresh at each start: cheap, and nothing
-    else holds them."""
-    from ..operator.certs import issue, new_ca
-
-    now = dt.datetime.now(dt.UTC)
-    year = dt.timedelta(days=365)
-    ca, ca_key = new_ca(now, year)
-    cert, key = issue(ca, ca_key, [WEBHOOK_CLIENT_CN], now, year, client=True)
-    (directory / "webhook-client-ca.crt").write_text(ca)
-    (directory / "webhook-client.crt").write_text(cert)
-    key_file = directory / "webhook-client.key"
-    key_file.write_text(key)
-    key_file.chmod(0o600)
-    kubeconfig = directory / "webhook-client.kubeconfig"
-    kubeconfig.write_text(yaml.safe_dump({"apiVersion": "v1", "kind": "Config", "users": [
-        # "*": every webhook the API server calls, by URL or by Service
-        {"name": "*", "user": {"client-certificate": str(directory / "webhook-client.crt"),
-                               "client-key": str(key_file)}}]}))
-    config = directory / "admission.yaml"
-    config.write_text(yaml.safe_dump({
-        "apiVersion": "apiserver.config.k8s.io/v1", "kind": "AdmissionConfiguration",
-        "plugins": [{"name": name, "configuration": {
-            "apiVersion": "apiserver.config.k8s.io/v1", "kind": "WebhookAdmissionConfiguration",
-            "kubeConfigFile": str(kubeconfig)}}
-            for name in ("ValidatingAdmissionWebhook", "MutatingAdmissionWebhook")]}))
-    return config
-
-
-def pki_problem(directory: Path, margin: dt.timedelta = dt.timedelta(days=1),
-                ips: tuple[str, ...] = ()) -> str | None:
-    """Why the keys in ``directory`` cannot be reused (missing, unreadable, expiring within
-    ``margin``, a serving certificate without one of ``ips``), or None when they can."""
-    files = pki_files(directory)
-    missing = [p.name for p in vars(files).values() if not p.is_file()]
-    if missing:
-        return f"{directory} lacks {', '.join(missing)}"
-    for cert_file in (files.ca_cert, files.serving_cert):
-        try:
-            cert = x509.load_pem_x509_certificate(cert_file.read_bytes())
-        except (OSError, ValueError) as exc:
-            return f"{cert_file} cannot be read: {exc}"
-        if cert.not_valid_after_utc < dt.datetime.now(dt.UTC) + margin:
-            return f"{cert_file} expires on {cert.not_valid_after_utc:%Y-%m-%d %H:%M} UTC"
-    serving = x509.load_pem_x509_certificate(files.serving_cert.read_bytes())
-    try:
-        sans = {str(a) for a in serving.extensions.get_extension_for_class(
-            x509.SubjectAlternativeName).value.get_values_for_type(x509.IPAddress)}
-    except x509.ExtensionNotFound:
-        sans = set()
-    if missing_ips := [ip for ip in ips if ip not in sans]:
-        return f"{files.serving_cert} is not valid for {', '.join(missing_ips)}"
-    return None
-
-
 def running_in_dir(workdir: str | Path) -> dict[str, int]:
     """The components started in workdir that still run, by name (from ``state.json``; a
     pid that died or now belongs to another program does not count)."""
@@ -182,12 +127,15 @@ def stop_from_dir(workdir: str | Path) -> bool:
     if not state_file.exists():
         return False
     pids: dict[str, int] = json.loads(state_file.read_text()).get("pids", {})
+    dirs = kubenode.NodeDirs(workdir / "node")
     for name in STOP_ORDER:
         pid = pids.get(name)
         if pid and pid_alive(pid) and pid_is_component(pid, name, workdir):
+            if name == "containerd":  # the kubelet is gone: it cannot start them again
+                nodeclean.stop_containers(dirs)
             terminate(pid)
     if (workdir / "node").is_dir():
-        kubenode.clean_host(kubenode.NodeDirs(workdir / "node"), workdir / "node" / "host.json")
+        nodeclean.clean_host(dirs, workdir / "node" / "host.json")
     state_file.unlink(missing_ok=True)
     return True
 
@@ -339,6 +287,8 @@ class ControlPlane:
             "--log-level", "warn",
         ])
         self._wait("etcd", lambda: b"true" in self._get(f"{etcd_url}/health"))
+        # which release's etcd made the data: `dev up` resumes only data of its own release
+        (wd / VERSIONS_FILE).write_text(json.dumps({"kubernetes": control_plane_version()}) + "\n")
 
         node_flags = [
             # the `kubernetes` Service's endpoint is this address (pods reach 10.0.0.1:443)
@@ -358,14 +308,13 @@ class ControlPlane:
             str(bins.kube_apiserver),
             f"--etcd-servers={etcd_url}",
             f"--bind-address={self.address}", f"--advertise-address={self.address}",
-            f"--secure-port={api_port}", "--insecure-port=0",
+            f"--secure-port={api_port}",
             f"--cert-dir={wd / 'pki'}",
             f"--tls-cert-file={pki.serving_cert}", f"--tls-private-key-file={pki.serving_key}",
             f"--client-ca-file={pki.ca_cert}",
             f"--token-auth-file={tokens}",
             f"--admission-control-config-file={write_webhook_client(wd / 'pki')}",
             *node_flags,
-            f"--feature-gates={FEATURE_GATES}",
             f"--service-account-key-file={pki.sa_pub}",
             f"--service-account-signing-key-file={pki.sa_key}",
             "--service-account-issuer=https://kubernetes.default.svc",
@@ -381,8 +330,8 @@ class ControlPlane:
             f"--kubeconfig={self.kubeconfig}",
             f"--service-account-private-key-file={pki.sa_key}",
             f"--root-ca-file={pki.ca_cert}",
-            "--leader-elect=false", "--controllers=*", f"--feature-gates={FEATURE_GATES}",
-            "--port=0", "--secure-port=0", "--bind-address=127.0.0.1",
+            "--leader-elect=false", "--controllers=*",
+            "--secure-port=0", "--bind-address=127.0.0.1",
         ])
         # the service-account controller making "default" shows the controller manager works
         sa = f"{self._server}/api/v1/namespaces/default/serviceaccounts/default"
@@ -393,7 +342,7 @@ class ControlPlane:
     def _start_node(self, bins: BinPaths, pki: CertFiles, node_token: str) -> None:
         """containerd (with the images imported), then the kubelet, the scheduler and the
         proxy; returns once the node is Ready."""
-        from .image import import_images
+        from .imageimport import import_images
 
         dirs = self.node_dirs
         images = self.images
@@ -405,8 +354,7 @@ class ControlPlane:
         import_images(str(dirs.containerd_socket), images)
         kubelet_config = make_token_kubeconfig(self._server, pki.ca_cert, node_token,
                                                dirs.root / "kubelet.kubeconfig", user=NODE_USER)
-        self._spawn("kubelet", kubenode.kubelet_args(bins.kubelet, dirs, kubelet_config, pki.ca_cert,
-                                                     images.pause_image))
+        self._spawn("kubelet", kubenode.kubelet_args(bins.kubelet, dirs, kubelet_config, pki.ca_cert))
         self._spawn("kube-scheduler", kubenode.scheduler_args(bins.kube_scheduler, self.kubeconfig))
         self._spawn("kube-proxy", kubenode.proxy_args(bins.kube_proxy, self.kubeconfig))
         node = f"{self._server}/api/v1/nodes/{kubenode.NODE_NAME}"
@@ -500,9 +448,11 @@ class ControlPlane:
         for name in STOP_ORDER:
             proc = self._procs.get(name)
             if proc is not None and proc.poll() is None:
+                if name == "containerd":  # after the kubelet, which would start them again
+                    nodeclean.stop_containers(self.node_dirs)
                 terminate(proc.pid, proc=proc)
         self._procs.clear()
         if self._workdir is not None:
             if self.node:
-                self.leftovers = kubenode.clean_host(self.node_dirs, self.node_dirs.root / "host.json")
+                self.leftovers = nodeclean.clean_host(self.node_dirs, self.node_dirs.root / "host.json")
             (self._workdir / "state.json").unlink(missing_ok=True)

@@ -19,7 +19,6 @@ again.
 
 from __future__ import annotations
 
-import base64
 import json
 import os
 import shutil
@@ -37,13 +36,16 @@ from typing import Any, Literal, NamedTuple
 
 from ..api.crd import write_crds
 from ..api.resources import KINDS
-from . import kubenode
+from . import kubenode, nodeclean
+from .build import kubectl_binary
+from .certs import pki_problem
 from .cluster import (
     ControlPlane,
     ControlPlaneError,
+    control_plane_version,
+    data_version,
     free_ports,
     make_token_kubeconfig,
-    pki_problem,
     running_in_dir,
     stop_from_dir,
 )
@@ -61,7 +63,7 @@ OPERATOR_DEPLOYMENT = f"{RELEASE}-operator"
 
 def kubectl(kubeconfig: Path, *args: str, input_text: str | None = None, check: bool = True,
             timeout: float = 120) -> str:
-    proc = subprocess.run(["kubectl", f"--kubeconfig={kubeconfig}", *args], input=input_text,
+    proc = subprocess.run([kubectl_binary(), f"--kubeconfig={kubeconfig}", *args], input=input_text,
                           capture_output=True, text=True, timeout=timeout)
     if check and proc.returncode != 0:
         raise ControlPlaneError(f"kubectl {' '.join(args)} failed: {proc.stderr.strip()}")
@@ -125,10 +127,10 @@ def install_chart(kubeconfig: Path, values: dict[str, object] | None = None) -> 
     import helm_python as helm
 
     kubectl(kubeconfig, "create", "namespace", OPERATOR_NAMESPACE, check=False)
-    # Kubernetes >= 1.21 sets this label itself; the webhooks' namespaceSelector reads it
-    # to leave the operator's own namespace alone.
+    # The chart's pods meet Pod Security "restricted": enforced, so a change that breaks it
+    # fails here (docs/chart.md recommends the same label).
     kubectl(kubeconfig, "label", "--overwrite", "namespace", OPERATOR_NAMESPACE,
-            f"kubernetes.io/metadata.name={OPERATOR_NAMESPACE}")
+            "pod-security.kubernetes.io/enforce=restricted")
     with helm.Config(kubeconfig_path=str(kubeconfig), namespace=OPERATOR_NAMESPACE) as cfg:
         try:
             history = cfg.history(RELEASE)
@@ -148,33 +150,22 @@ def install_chart(kubeconfig: Path, values: dict[str, object] | None = None) -> 
 
 
 def service_account_kubeconfig(cp: ControlPlane, path: Path, namespace: str = OPERATOR_NAMESPACE,
-                               name: str = SERVICE_ACCOUNT, timeout: float = 60) -> Path:
-    """A kubeconfig holding the ServiceAccount's token (made by the token controller)."""
+                               name: str = SERVICE_ACCOUNT, timeout: float = 60,
+                               seconds: int = 86400) -> Path:
+    """A kubeconfig holding a token of the ServiceAccount from the TokenRequest API (what
+    `kubectl create token` does: Kubernetes makes no token Secrets since 1.24), valid for
+    ``seconds``."""
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        out = kubectl(cp.kubeconfig, "-n", namespace, "get", "secrets", "-o", "json")
-        for item in json.loads(out)["items"]:
-            ann = item["metadata"].get("annotations") or {}
-            if (item.get("type") == "kubernetes.io/service-account-token"
-                    and ann.get("kubernetes.io/service-account.name") == name
-                    and "token" in (item.get("data") or {})):
-                token = base64.b64decode(item["data"]["token"]).decode()
-                make_token_kubeconfig(cp.server, cp.ca_file, token, path, user=name)
-                if token_accepted(path):
-                    return path
-                # Signed with a key this API server no longer has (its pki/ was made again
-                # over kept data): the token controller makes a new one for a deleted one.
-                kubectl(cp.kubeconfig, "-n", namespace, "delete", "secret",
-                        item["metadata"]["name"], check=False)
+    while True:
+        proc = subprocess.run([kubectl_binary(), f"--kubeconfig={cp.kubeconfig}", "-n", namespace,
+                               "create", "token", name, f"--duration={seconds}s"],
+                              capture_output=True, text=True, timeout=60)
+        if proc.returncode == 0:
+            return make_token_kubeconfig(cp.server, cp.ca_file, proc.stdout.strip(), path, user=name)
+        if time.monotonic() > deadline:  # the chart's ServiceAccount may not be there yet
+            raise ControlPlaneError(f"no token for ServiceAccount {namespace}/{name} after "
+                                    f"{timeout:.0f}s: {proc.stderr.strip()}")
         time.sleep(0.5)
-    raise ControlPlaneError(f"no token for ServiceAccount {namespace}/{name} after {timeout:.0f}s")
-
-
-def token_accepted(kubeconfig: Path) -> bool:
-    """False only when the API server answers 401 to this kubeconfig's credentials."""
-    proc = subprocess.run(["kubectl", f"--kubeconfig={kubeconfig}", "get", "--raw", "/api"],
-                          capture_output=True, text=True, timeout=60)
-    return proc.returncode == 0 or "Unauthorized" not in proc.stderr
 
 
 @dataclass
@@ -276,7 +267,8 @@ def resume_or_clean(workdir: Path, *, clean: bool = False) -> Start:
     files (a reboot leaves them behind), then keep the stopped cluster's data if it can be
     resumed, or wipe the cluster folder.
 
-    Resuming needs the etcd data and the keys it was made with: the stored ServiceAccount
+    Resuming needs the etcd data of this release's etcd (``versions.json``: etcd does not
+    read data two minors older) and the keys it was made with: the stored ServiceAccount
     tokens are signed with ``pki/sa.key`` and the stored Secrets carry ``pki/ca.crt``
     (ControlPlane reuses them). Expiring keys, or ``clean``, mean a clean start.
     """
@@ -294,6 +286,9 @@ def resume_or_clean(workdir: Path, *, clean: bool = False) -> Start:
         start = Start(False, "--clean deletes the stopped cluster's data")
     elif not (cluster / "etcd" / "member").is_dir():
         start = Start(False, "there was no earlier cluster")
+    elif (made := data_version(cluster)) != (now := control_plane_version()):
+        start = Start(False, f"the stopped cluster was made by Kubernetes {made or '1.20.2 or unknown'} "
+                             f"and this is {now}: its etcd data cannot be carried over")
     elif (problem := pki_problem(cluster / "pki", ips=(kubenode.NODE_ADDRESS,))) is not None:
         start = Start(False, f"the stopped cluster's keys cannot be reused ({problem}), "
                              "and its data is useless without them")
@@ -436,7 +431,8 @@ def restart_operator(workdir: Path, *, images: Any = None, timeout: float = 240)
     runs a container started now, Ready. The control plane, the node, the upstream and
     everything applied stay as they are. Returns the archives imported (none: the image had
     not changed)."""
-    from .image import ensure_images, import_images
+    from .image import ensure_images
+    from .imageimport import import_images
 
     cluster = workdir / "cluster"
     if not running_in_dir(cluster):
@@ -451,6 +447,8 @@ def restart_operator(workdir: Path, *, images: Any = None, timeout: float = 240)
 
 
 def down(workdir: Path) -> bool:
+    """Stop what ``up`` started in workdir, the node's containers included; True if
+    anything ran (or was left of a node that stopped without being cleaned)."""
     stopped = False
     for stem in DAEMONS:
         pid = daemon_pid(workdir, stem)
@@ -458,4 +456,11 @@ def down(workdir: Path) -> bool:
             terminate(pid)  # SIGTERM, then SIGKILL after 15 s: gone when down returns
             stopped = True
         (workdir / f"{stem}.pid").unlink(missing_ok=True)
-    return stop_from_dir(workdir / "cluster") or stopped
+    stopped = stop_from_dir(workdir / "cluster") or stopped
+    node = kubenode.NodeDirs(workdir / "cluster" / "node")
+    # a node killed without `down` (or by an older `down`) left its containers running:
+    # clean them too, unless another node runs now (the host's chains and bridge are its)
+    if not stopped and node.root.is_dir() and kubenode.node_in_use() is None and nodeclean.leftovers(node):
+        nodeclean.clean_host(node, node.root / "host.json")
+        stopped = True
+    return stopped

@@ -11,13 +11,8 @@ with Debian's tools:
 * **unwind** ``localhost/unwind:dev`` (``docker.io/library/unwind:dev`` to containerd, the name
   ``image: unwind:dev`` resolves to): the Dockerfile *as written*, ``buildah bud`` with
   ``--build-arg PYTHON_IMAGE=`` the base. Its ``pip wheel`` step runs with the host's pip
-  configuration (its files and ``PIP_*`` environment merged into one file mounted as
-  ``/etc/pip.conf``), the local paths that configuration names, and the CA bundle, all
-  mounted read-only: nothing of the host lands in the image. ``buildah bud -v`` mounts into
-  every stage and leaves an empty mount point where the path did not exist (an empty
-  ``/etc/pip.conf``, empty ``/opt/...`` directories): no content. Building the builder stage
-  alone with the mounts and the rest without does not work in buildah 1.28 (a cached stage
-  named in ``RUN --mount=from=`` is not found);
+  configuration, the local paths it names and the CA bundle mounted read-only (nothing of
+  the host lands in the image; ``buildah bud -v`` leaves only empty mount points);
 * **pause** ``localhost/unwind-pause:1``: a static Go program that waits for SIGINT/SIGTERM
   and reaps children.
 
@@ -27,31 +22,39 @@ after ``.dockerignore``, plus the base's key) and exported to
 and renamed), so an unchanged second call runs no command. buildah's storage is private
 (``cache_root()/buildah``, vfs driver). A file lock keeps two builds apart; every command's
 output goes to one log under ``cache_root()/logs`` and a failure names the step and the log.
-
-:func:`import_images` loads the archives into containerd's ``k8s.io`` namespace, skipping
-images that are already there with the same content.
+What goes into the keys: :mod:`~unwind.controlplane.imageinputs`; loading the archives into
+a node's containerd: :mod:`~unwind.controlplane.imageimport`.
 """
 
 from __future__ import annotations
 
 import argparse
-import configparser
-import hashlib
 import json
 import os
 import re
 import shutil
 import subprocess
 import sys
-import tarfile
 import tempfile
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .build import BuildError, cache_lock, cache_root
+from .build import cache_lock, cache_root
+from .imageinputs import (
+    CA_MOUNT,
+    SUITE,
+    _digest,
+    _file_digest,
+    context_files,
+    debian_mirror,
+    host_pip_config,
+    pip_mounts,
+    write_pip_conf,
+)
+from .imageinputs import ImageError as ImageError  # raised by every step here
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -65,7 +68,6 @@ UNWIND_IMAGE_CONTAINERD = "docker.io/library/unwind:dev"
 PAUSE_IMAGE = "localhost/unwind-pause:1"
 KEY_LABEL = "io.unwind.inputs-digest"
 
-SUITE = "bookworm"
 DEBOOTSTRAP_INCLUDE = ("python3", "python3-venv", "ca-certificates")
 DEBOOTSTRAP_ARGS = ("--variant=minbase", f"--include={','.join(DEBOOTSTRAP_INCLUDE)}")
 VENV = "/usr/local/py"
@@ -81,39 +83,10 @@ BASE_TRIM = (
 )
 BASE_ENV = ("LANG=C.UTF-8", f"PATH={BASE_PATH}")
 
-CA_MOUNT = "/etc/ssl/certs"
 PIP_CONF_MOUNT = "/etc/pip.conf"  # where the build's pip finds the host's merged settings
 
-PAUSE_GO = """\
-// pause: PID 1 of a pod sandbox. Waits for SIGINT/SIGTERM, reaps orphans on SIGCHLD.
-package main
-
-import (
-\t"os"
-\t"os/signal"
-\t"syscall"
-)
-
-func main() {
-\tsigs := make(chan os.Signal, 16)
-\tsignal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGCHLD)
-\tfor sig := range sigs {
-\t\tif sig != syscall.SIGCHLD {
-\t\t\tos.Exit(0)
-\t\t}
-\t\tvar status syscall.WaitStatus
-\t\tfor {
-\t\t\tif pid, err := syscall.Wait4(-1, &status, syscall.WNOHANG, nil); pid <= 0 || err != nil {
-\t\t\t\tbreak
-\t\t\t}
-\t\t}
-\t}
-}
-"""
-
-
-class ImageError(BuildError):
-    """An image could not be built, exported or imported."""
+# pause: PID 1 of a pod sandbox (a Go file beside the build modules; its text is the key)
+PAUSE_GO = (Path(__file__).resolve().parent / "gobuild" / "pause" / "pause.go").read_text()
 
 
 @dataclass(frozen=True)
@@ -170,202 +143,6 @@ def _storage_ref(ref: str) -> str:
     return f"containers-storage:[vfs@{root}+{runroot}]{ref}"
 
 
-# --- the machine's Debian mirror -------------------------------------------------------
-
-def _deb822_paragraphs(text: str) -> list[dict[str, str]]:
-    paras: list[dict[str, str]] = []
-    cur: dict[str, str] = {}
-    key = ""
-    for line in text.splitlines():
-        if line.startswith("#"):
-            continue
-        if not line.strip():
-            if cur:
-                paras.append(cur)
-            cur, key = {}, ""
-            continue
-        if line[0] in " \t":
-            if key:
-                cur[key] += " " + line.strip()
-            continue
-        name, sep, value = line.partition(":")
-        if sep:
-            key = name.strip().lower()
-            cur[key] = value.strip()
-    if cur:
-        paras.append(cur)
-    return paras
-
-
-def _sources_entries(path: Path) -> list[tuple[str, list[str]]]:
-    """(uri, suites) of the binary ("deb") entries of one apt sources file, either format."""
-    text = path.read_text(errors="replace")
-    out: list[tuple[str, list[str]]] = []
-    if path.name.endswith(".sources"):
-        for p in _deb822_paragraphs(text):
-            if "deb" not in p.get("types", "").split() or p.get("enabled", "yes").lower() == "no":
-                continue
-            suites = p.get("suites", "").split()
-            out += [(uri, suites) for uri in p.get("uris", "").split()]
-        return out
-    for raw in text.splitlines():
-        line = raw.split("#", 1)[0].strip()
-        if not line.startswith("deb ") and not line.startswith("deb\t"):
-            continue
-        rest = line[3:].strip()
-        if rest.startswith("["):
-            rest = rest.partition("]")[2].strip()
-        words = rest.split()
-        if len(words) >= 2:
-            out.append((words[0], [words[1]]))
-    return out
-
-
-def debian_mirror(suite: str = SUITE, apt_dir: Path = Path("/etc/apt")) -> str:
-    """The URI of the machine's Debian apt source for `suite`, read from its apt sources.
-
-    Looks at sources.list, then sources.list.d/*.list and *.sources (apt's order). An entry
-    for the suite itself wins; else one for a suite of the same release (e.g. -updates)
-    that is not the security archive.
-    """
-    files = [apt_dir / "sources.list"]
-    listd = apt_dir / "sources.list.d"
-    if listd.is_dir():
-        files += sorted(p for p in listd.iterdir() if p.name.endswith((".list", ".sources")))
-    entries = [e for f in files if f.is_file() for e in _sources_entries(f)]
-    for uri, suites in entries:
-        if suite in suites:
-            return uri.rstrip("/")
-    for uri, suites in entries:
-        if any(s.startswith(suite + "-") and "security" not in s for s in suites):
-            return uri.rstrip("/")
-    raise ImageError(f"no Debian apt source for {suite!r} in {apt_dir}: cannot debootstrap")
-
-
-# --- .dockerignore and the inputs digest ----------------------------------------------
-
-def _pattern_regex(pattern: str) -> re.Pattern[str]:
-    """A .dockerignore pattern (Go filepath.Match plus `**`) as a regex on a slash path."""
-    out, i, n = "", 0, len(pattern)
-    while i < n:
-        c = pattern[i]
-        if c == "*":
-            if pattern.startswith("**", i):
-                i += 2
-                if pattern.startswith("/", i):  # "**/": any number of directories, even none
-                    i += 1
-                    out += "(?:.*/)?"
-                else:
-                    out += ".*"
-                continue
-            out += "[^/]*"
-        elif c == "?":
-            out += "[^/]"
-        elif c == "[":
-            end = pattern.find("]", i + 1)
-            if end < 0:
-                out += re.escape(c)
-            else:
-                body = pattern[i + 1:end]
-                if body.startswith("^") or body.startswith("!"):
-                    body = "^" + body[1:]
-                out += "[" + body.replace("\\", "\\\\") + "]"
-                i = end
-        elif c == "\\" and i + 1 < n:
-            i += 1
-            out += re.escape(pattern[i])
-        else:
-            out += re.escape(c)
-        i += 1
-    return re.compile(out)
-
-
-@dataclass(frozen=True)
-class DockerIgnore:
-    """The patterns of a .dockerignore, matched as Docker's builder does: the last matching
-    pattern decides, `!` re-includes, and a pattern that matches a directory matches all
-    under it."""
-
-    rules: tuple[tuple[bool, re.Pattern[str]], ...]  # (exclude?, regex)
-
-    @classmethod
-    def parse(cls, text: str) -> DockerIgnore:
-        rules = []
-        for raw in text.splitlines():
-            line = raw.strip()
-            if not line or line.startswith("#"):
-                continue
-            exclude = not line.startswith("!")
-            if not exclude:
-                line = line[1:].strip()
-            line = os.path.normpath(line).lstrip("/")
-            if line in ("", "."):
-                continue
-            rules.append((exclude, _pattern_regex(line)))
-        return cls(tuple(rules))
-
-    @classmethod
-    def load(cls, root: Path) -> DockerIgnore:
-        path = root / ".dockerignore"
-        return cls.parse(path.read_text()) if path.exists() else cls(())
-
-    @property
-    def has_exceptions(self) -> bool:
-        return any(not exclude for exclude, _ in self.rules)
-
-    def ignored(self, rel: str) -> bool:
-        parts = rel.split("/")
-        prefixes = ["/".join(parts[:k]) for k in range(1, len(parts) + 1)]
-        result = False
-        for exclude, rx in self.rules:
-            if any(rx.fullmatch(p) for p in prefixes):
-                result = exclude
-        return result
-
-
-def context_files(root: Path) -> list[str]:
-    """The files (slash paths relative to root) the build context keeps after .dockerignore."""
-    ignore = DockerIgnore.load(root)
-    kept: list[str] = []
-    for dirpath, dirnames, filenames in os.walk(root):
-        reldir = os.path.relpath(dirpath, root)
-        reldir = "" if reldir == "." else reldir.replace(os.sep, "/")
-        if not ignore.has_exceptions:  # nothing under an ignored directory can come back
-            dirnames[:] = [d for d in dirnames
-                           if not ignore.ignored(f"{reldir}/{d}" if reldir else d)]
-        dirnames.sort()
-        for name in sorted(filenames):
-            rel = f"{reldir}/{name}" if reldir else name
-            if not ignore.ignored(rel):
-                kept.append(rel)
-        for d in dirnames:  # symlinks to directories are context entries, not walked
-            full = Path(dirpath) / d
-            if full.is_symlink():
-                rel = f"{reldir}/{d}" if reldir else d
-                if not ignore.ignored(rel):
-                    kept.append(rel)
-    return sorted(kept)
-
-
-def _file_digest(path: Path) -> str:
-    if path.is_symlink():
-        return "link:" + os.readlink(path)
-    h = hashlib.sha256()
-    with path.open("rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    mode = "x" if os.access(path, os.X_OK) else "-"
-    return f"{mode}{h.hexdigest()}"
-
-
-def _digest(parts: Iterable[str]) -> str:
-    h = hashlib.sha256()
-    for part in parts:
-        h.update(part.encode())
-        h.update(b"\0")
-    return h.hexdigest()
-
-
 def base_key() -> str:
     """The base image's key: the debootstrap arguments, suite, trims, venv and env."""
     return _digest(["base", RECIPE_VERSION, SUITE, *DEBOOTSTRAP_ARGS, VENV, *BASE_TRIM, *BASE_ENV])
@@ -382,74 +159,6 @@ def image_inputs_digest(root: Path = ROOT, base: str | None = None) -> str:
     for rel in context_files(root):
         parts += [rel, _file_digest(root / rel)]
     return _digest(parts)
-
-
-# --- the host's pip configuration, for the build's `pip wheel` -----------------------
-
-PIP_PATH_KEYS = ("cert", "client-cert", "constraint", "requirement", "find-links", "index-url",
-                 "extra-index-url")
-
-
-def _pip_config_files(env: dict[str, str]) -> list[Path]:
-    """pip's config files in its own order of precedence, lowest first."""
-    if env.get("PIP_CONFIG_FILE") == os.devnull:
-        return []
-    xdg_dirs = env.get("XDG_CONFIG_DIRS", "/etc/xdg").split(":")
-    files = [Path(d) / "pip" / "pip.conf" for d in xdg_dirs if d]
-    files.append(Path("/etc/pip.conf"))
-    home = Path(env.get("HOME", str(Path.home())))
-    files.append(home / ".pip" / "pip.conf")
-    files.append(Path(env.get("XDG_CONFIG_HOME", str(home / ".config"))) / "pip" / "pip.conf")
-    if env.get("PIP_CONFIG_FILE"):
-        files.append(Path(env["PIP_CONFIG_FILE"]))
-    return files
-
-
-def host_pip_config(env: dict[str, str] | None = None) -> dict[str, dict[str, str]]:
-    """The host's effective pip settings: its config files merged in pip's order, then the
-    PIP_* environment (into [global]). Site (virtualenv) config is the venv's, not the host's."""
-    env = dict(os.environ if env is None else env)
-    merged: dict[str, dict[str, str]] = {}
-    for path in _pip_config_files(env):
-        if not path.is_file():
-            continue
-        parser = configparser.RawConfigParser()
-        parser.read(path)
-        for section in parser.sections():
-            merged.setdefault(section, {}).update(parser.items(section))
-    for name, value in env.items():
-        if name.startswith("PIP_") and name != "PIP_CONFIG_FILE":
-            merged.setdefault("global", {})[name[4:].lower().replace("_", "-")] = value
-    return merged
-
-
-def pip_mounts(config: dict[str, dict[str, str]]) -> list[str]:
-    """Host paths the pip settings name (CA file, constraints, local wheels and indexes), to
-    mount read-only at the same place. A file:// index `.../simple` is mounted from its
-    parent: its pages link to `../../files/...`."""
-    paths: set[Path] = set()
-    for section in config.values():
-        for key in PIP_PATH_KEYS:
-            for word in section.get(key, "").split():
-                if word.startswith("file://"):
-                    p = Path(word[len("file://"):])
-                    paths.add(p.parent if p.name == "simple" else p)
-                elif word.startswith("/"):
-                    paths.add(Path(word))
-    kept = sorted(p for p in paths if p.exists())
-    # a path inside another mounted one (or the CA directory) needs no mount of its own
-    out = [p for p in kept if not any(q != p and q in p.parents for q in kept)
-           and Path(CA_MOUNT) not in p.parents and p != Path(CA_MOUNT)]
-    return [str(p) for p in out]
-
-
-def write_pip_conf(config: dict[str, dict[str, str]], path: Path) -> None:
-    parser = configparser.RawConfigParser()
-    for section, items in sorted(config.items()):
-        parser[section] = dict(sorted(items.items()))
-    with path.open("w") as fh:
-        fh.write("# The host's pip settings, mounted read-only into `buildah bud`; not in the image.\n")
-        parser.write(fh)
 
 
 # --- running the steps -------------------------------------------------------------
@@ -753,118 +462,6 @@ def ensure_images(root: Path = ROOT) -> Images:
         return Images(plan.base, plan.unwind, plan.pause, tuple(built))
 
 
-# --- containerd --------------------------------------------------------------------
-
-def normalize_ref(ref: str) -> str:
-    """A reference as containerd stores it (Docker's normalisation: unwind:dev ->
-    docker.io/library/unwind:dev)."""
-    name, at, digest = ref.partition("@")
-    first = name.split("/", 1)[0]
-    if "/" not in name or ("." not in first and ":" not in first and first != "localhost"):
-        name = f"docker.io/{name}" if "/" in name else f"docker.io/library/{name}"
-    last = name.rsplit("/", 1)[-1]
-    if not at and ":" not in last:
-        name += ":latest"
-    return name + at + digest
-
-
-def archive_info(tar: Path) -> tuple[list[str], str]:
-    """(repo tags, config digest) of a docker-archive."""
-    with tarfile.open(tar) as tf:
-        member = tf.extractfile("manifest.json")
-        if member is None:
-            raise ImageError(f"{tar} has no manifest.json: not a docker-archive")
-        manifest = json.load(member)[0]
-        config = tf.extractfile(manifest["Config"])
-        if config is None:
-            raise ImageError(f"{tar}: config {manifest['Config']} missing")
-        digest = "sha256:" + hashlib.sha256(config.read()).hexdigest()
-    return list(manifest.get("RepoTags") or []), digest
-
-
-def _ctr(address: str, namespace: str, *args: str) -> list[str]:
-    return ["ctr", "--address", address, "-n", namespace, *args]
-
-
-def _containerd_config_digest(address: str, namespace: str, manifest_digest: str) -> str | None:
-    proc = subprocess.run(_ctr(address, namespace, "content", "get", manifest_digest),
-                          capture_output=True, check=False)
-    if proc.returncode != 0:
-        return None
-    try:
-        doc = json.loads(proc.stdout)
-    except json.JSONDecodeError:
-        return None
-    config = doc.get("config") if isinstance(doc, dict) else None
-    return config.get("digest") if isinstance(config, dict) else None
-
-
-def containerd_images(address: str, namespace: str = "k8s.io") -> dict[str, str]:
-    """ref -> manifest digest, from `ctr images ls`."""
-    proc = subprocess.run(_ctr(address, namespace, "images", "ls"), capture_output=True,
-                          text=True, check=False)
-    if proc.returncode != 0:
-        raise ImageError(f"ctr images ls at {address} failed: {proc.stderr.strip()}")
-    out: dict[str, str] = {}
-    for line in proc.stdout.splitlines()[1:]:
-        words = line.split()
-        if len(words) >= 3 and words[2].startswith("sha256:"):
-            out[words[0]] = words[2]
-    return out
-
-
-def import_images(containerd_address: str, images: Images | Iterable[BuiltImage | Path],
-                  *, namespace: str = "k8s.io", snapshotter: str | None = None,
-                  log: Path | None = None) -> list[Path]:
-    """Import docker-archives into containerd (`ctr -n k8s.io images import`), skipping an
-    archive whose every tag is already there with the same image config. Returns the
-    archives imported."""
-    items = images.tars if isinstance(images, Images) else images
-    tars = [i.tar if isinstance(i, BuiltImage) else Path(i) for i in items]
-    if log is None:
-        (cache_root() / "logs").mkdir(parents=True, exist_ok=True)
-        log = cache_root() / "logs" / f"image-import-{time.strftime('%Y%m%d-%H%M%S')}.log"
-    runner = _Log(log)
-    present = containerd_images(containerd_address, namespace)
-    imported: list[Path] = []
-    for tar in tars:
-        tags, config = archive_info(tar)
-        refs = [normalize_ref(t) for t in tags]
-        if refs and all(r in present and _containerd_config_digest(
-                containerd_address, namespace, present[r]) == config for r in refs):
-            runner.note(f"{tar.name}: {', '.join(refs)} already in containerd")
-            continue
-        extra = ["--snapshotter", snapshotter] if snapshotter else []
-        runner.run(f"import {tar.name}", _ctr(containerd_address, namespace, "images", "import",
-                                               *extra, str(tar)))
-        imported.append(tar)
-    return imported
-
-
-# --- checks and the command line ---------------------------------------------------
-
-def check_image(ref: str = UNWIND_IMAGE, user: str = "65532:65532") -> dict[str, str]:
-    """Start `unwind --help`, `unwind gateway --help`, `unwind undo-step --help` in the image
-    as `user` (buildah run, chroot isolation). Returns command -> first output line."""
-    logs = cache_root() / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
-    log = _Log(logs / f"image-check-{time.strftime('%Y%m%d-%H%M%S')}.log")
-    ctr = log.run("check: from", buildah_cmd("from", "--pull=never", ref), capture=True).strip()
-    out: dict[str, str] = {}
-    try:
-        for args in (["--help"], ["gateway", "--help"], ["undo-step", "--help"]):
-            text = log.run(f"check: unwind {' '.join(args)}", buildah_cmd(
-                "run", "--isolation", "chroot", "--user", user, ctr, "--", "unwind", *args),
-                capture=True)
-            out["unwind " + " ".join(args)] = (text.strip().splitlines() or [""])[0]
-        out["id -u"] = log.run("check: id", buildah_cmd(
-            "run", "--isolation", "chroot", "--user", user, ctr, "--", "id", "-u"),
-            capture=True).strip()
-    finally:
-        subprocess.run(buildah_cmd("rm", ctr), capture_output=True, check=False)
-    return out
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m unwind.controlplane.image",
                                      description="Build and cache the unwind, base and pause images.")
@@ -875,6 +472,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--import", dest="address", metavar="SOCKET",
                         help="import the archives into the containerd at SOCKET (k8s.io namespace)")
     args = parser.parse_args(argv)
+    from .imageimport import check_image, import_images
+
     try:
         imgs = ensure_images()
         imported = import_images(args.address, imgs) if args.address else []

@@ -203,9 +203,15 @@ class PodRunner:
                 return folder + value[len(path):]
         return value
 
+    @property
+    def sidecar_inits(self) -> list[Any]:
+        """Native sidecars (init containers with ``restartPolicy: Always``): run beside the
+        containers, as a kubelet from 1.29 does; other init containers are not run."""
+        return [c for c in self.pod.spec.init_containers or [] if c.restart_policy == "Always"]
+
     def start(self) -> PodRunner:
         self.sync_volumes(first=True)
-        for container in self.pod.spec.containers:
+        for container in [*self.sidecar_inits, *self.pod.spec.containers]:
             mounts = self._mounts(container)
             argv = [self._remap(a, mounts) for a in [*(container.command or []), *(container.args or [])]]
             env = {**self._base_env(container),
@@ -273,18 +279,21 @@ class PodRunner:
             shutil.rmtree(self.root, ignore_errors=True)
 
     def _patch_running(self) -> None:
-        statuses = [{"name": c.name, "image": c.image or "", "imageID": "", "ready": True, "restartCount": 0,
-                     "started": True, "state": {"running": {"startedAt": self.started}}}
-                    for c in self.pod.spec.containers]
-        self.core.patch_namespaced_pod_status(self.name, self.namespace, {"status": {
-            "phase": "Running", "startTime": self.started, "containerStatuses": statuses}})
+        def running(containers: list[Any]) -> list[dict[str, Any]]:
+            return [{"name": c.name, "image": c.image or "", "imageID": "", "ready": True, "restartCount": 0,
+                     "started": True, "state": {"running": {"startedAt": self.started}}} for c in containers]
+        status: dict[str, Any] = {"phase": "Running", "startTime": self.started,
+                                  "containerStatuses": running(self.pod.spec.containers)}
+        if self.sidecar_inits:
+            status["initContainerStatuses"] = running(self.sidecar_inits)
+        self.core.patch_namespaced_pod_status(self.name, self.namespace, {"status": status})
 
     def report(self, sidecars: frozenset[str] = frozenset()) -> PodResult:
         """Patch the Pod's status with each container's end; the Pod's result is its first
         container's (a Job's pod has one). ``sidecars`` were stopped because the others had
         finished: their end does not decide the phase (as for Kubernetes' native sidecars)."""
         statuses, results = [], []
-        for container in self.pod.spec.containers:
+        for container in [*self.sidecar_inits, *self.pod.spec.containers]:
             proc = self.procs.get(container.name)
             code = 127 if proc is None else (proc.returncode if proc.returncode is not None else 137)
             term = self.root / f"{container.name}.termination-log"
@@ -297,14 +306,19 @@ class PodRunner:
                                                       "message": message, "startedAt": self.started,
                                                       "finishedAt": _now()}}})
             results.append(PodResult(self.name, code, "Succeeded" if code == 0 else "Failed", message, output))
-        deciding = [r for c, r in zip(self.pod.spec.containers, results, strict=True) if c.name not in sidecars]
+        inits = len(self.sidecar_inits)  # a native sidecar never decides the phase
+        deciding = [r for c, r in zip(self.pod.spec.containers, results[inits:], strict=True)
+                    if c.name not in sidecars]
         phase = "Succeeded" if all(r.exit_code == 0 for r in deciding) else "Failed"
-        self.core.patch_namespaced_pod_status(self.name, self.namespace, {"status": {
+        status: dict[str, Any] = {
             "phase": phase, "startTime": self.started,
             "conditions": [{"type": "Ready", "status": "False", "reason": "PodCompleted",
                             "lastTransitionTime": _now()}],
-            "containerStatuses": statuses}})
-        return results[0]
+            "containerStatuses": statuses[inits:]}
+        if inits:
+            status["initContainerStatuses"] = statuses[:inits]
+        self.core.patch_namespaced_pod_status(self.name, self.namespace, {"status": status})
+        return results[inits]
 
 
 def run_pod(api: client.ApiClient, namespace: str, name: str, *,

@@ -16,9 +16,9 @@ machine of this kind (shared/reference/real-node.md); this module turns it into 
 - **processes** (:func:`containerd_config`, :func:`kubelet_args`, ...): the ControlPlane
   spawns them, so their pids sit in ``state.json`` with the others and
   :func:`~unwind.controlplane.cluster.stop_from_dir` stops them too.
-- **cleaning** (:func:`clean_host`): what the kubelet, containerd and kube-proxy leave
-  outside their folders (mounts, network namespaces, veths, iptables chains, ``/var/log/pods``,
-  ``route_localnet``), removed after they stopped.
+- **stopping and cleaning** (:mod:`unwind.controlplane.nodeclean`): every container stopped
+  through containerd, what is left of them killed by their cgroups, and what the kubelet,
+  containerd and kube-proxy leave outside their folders removed.
 
 One node per machine: kube-proxy owns the host's ``KUBE-*`` chains, so a second node would
 fight the first. :func:`node_in_use` says when one already runs.
@@ -26,11 +26,8 @@ fight the first. :func:`node_in_use` says when one already runs.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
-import os
-import shlex
 import shutil
 import subprocess
 from collections.abc import Iterator
@@ -185,38 +182,48 @@ def write_configs(dirs: NodeDirs, sandbox_image: str) -> None:
     (dirs.cni_conf_dir / "10-unwind.conflist").write_text(json.dumps(cni_config(dirs), indent=2) + "\n")
 
 
-def kubelet_args(kubelet: Path, dirs: NodeDirs, kubeconfig: Path, ca_file: Path, pause_image: str) -> list[str]:
-    """The flags checked on this kind of machine (real-node.md), and authentication: the
-    kubelet's port is on the bridge every pod can reach, so it serves only clients the API
-    server vouches for (no anonymous exec into a gateway)."""
+def kubelet_config(dirs: NodeDirs, ca_file: Path) -> dict[str, object]:
+    """The KubeletConfiguration checked on this kind of machine (real-node.md): cgroup v1
+    without systemd (``failCgroupV1: false``: from 1.35 the kubelet refuses v1 otherwise),
+    no QoS cgroups or node-allocatable enforcement (no CAP_SYS_RESOURCE here), images never
+    collected (they are imported, never pulled), and authentication: the kubelet's port is on
+    the bridge every pod can reach, so it serves only clients the API server vouches for (no
+    anonymous exec into a gateway)."""
+    return {
+        "apiVersion": "kubelet.config.k8s.io/v1beta1", "kind": "KubeletConfiguration",
+        "failCgroupV1": False,
+        "containerRuntimeEndpoint": f"unix://{dirs.containerd_socket}",
+        "runtimeRequestTimeout": "5m",
+        "cgroupDriver": "cgroupfs", "cgroupsPerQOS": False, "enforceNodeAllocatable": [],
+        "failSwapOn": False, "oomScoreAdj": 0,
+        "volumePluginDir": str(dirs.root / "volume-plugins"),
+        "address": NODE_ADDRESS, "port": KUBELET_PORT, "readOnlyPort": 0,
+        "healthzBindAddress": "127.0.0.1", "healthzPort": 0,
+        "imageGCHighThresholdPercent": 100, "imageGCLowThresholdPercent": 99,
+        "evictionHard": {"memory.available": "100Mi", "nodefs.available": "1%", "imagefs.available": "1%"},
+        "authentication": {"anonymous": {"enabled": False}, "webhook": {"enabled": True},
+                           "x509": {"clientCAFile": str(ca_file)}},
+        "authorization": {"mode": "Webhook"},
+        "registerNode": True, "nodeStatusUpdateFrequency": "4s", "syncFrequency": "10s",
+    }
+
+
+def kubelet_args(kubelet: Path, dirs: NodeDirs, kubeconfig: Path, ca_file: Path) -> list[str]:
+    """The kubelet's command line: its configuration in a file (:func:`kubelet_config`),
+    and the flags that have no field there."""
+    config = dirs.root / "kubelet-config.json"
+    config.write_text(json.dumps(kubelet_config(dirs, ca_file), indent=2) + "\n")
     return [
-        str(kubelet),
-        f"--kubeconfig={kubeconfig}",
-        "--container-runtime=remote",  # 1.20 defaults to dockershim
-        f"--container-runtime-endpoint=unix://{dirs.containerd_socket}",
-        "--runtime-request-timeout=5m",
-        "--cgroup-driver=cgroupfs", "--cgroups-per-qos=false", "--enforce-node-allocatable=",
-        "--fail-swap-on=false",
+        str(kubelet), f"--config={config}", f"--kubeconfig={kubeconfig}",
         f"--root-dir={dirs.kubelet_root}", f"--cert-dir={dirs.root / 'pki'}",
-        f"--volume-plugin-dir={dirs.root / 'volume-plugins'}",
-        f"--hostname-override={NODE_NAME}",
-        f"--node-ip={NODE_ADDRESS}", f"--address={NODE_ADDRESS}", f"--port={KUBELET_PORT}",
-        "--read-only-port=0", "--healthz-bind-address=127.0.0.1", "--healthz-port=0",
-        f"--pod-infra-container-image={pause_image}",
-        # the images were imported, never pulled: the garbage collector must not take them
-        "--image-gc-high-threshold=100", "--image-gc-low-threshold=99",
-        "--eviction-hard=memory.available<100Mi,nodefs.available<1%,imagefs.available<1%",
-        "--anonymous-auth=false", "--authentication-token-webhook",
-        "--authorization-mode=Webhook", f"--client-ca-file={ca_file}",
-        "--register-node=true", "--node-status-update-frequency=4s",
-        "--sync-frequency=10s",
+        f"--hostname-override={NODE_NAME}", f"--node-ip={NODE_ADDRESS}",
         "--v=1",
     ]
 
 
 def scheduler_args(scheduler: Path, kubeconfig: Path) -> list[str]:
     return [str(scheduler), f"--kubeconfig={kubeconfig}", "--leader-elect=false",
-            "--port=0", "--secure-port=0", "--bind-address=127.0.0.1"]
+            "--secure-port=0", "--bind-address=127.0.0.1"]
 
 
 def proxy_args(proxy: Path, kubeconfig: Path) -> list[str]:
@@ -274,70 +281,8 @@ def check_no_forwarding() -> str | None:
     return None
 
 
-# ---- cleaning what the node leaves on the host ---------------------------------------------
-
-def _mounts_under(*roots: Path) -> list[str]:
-    out = []
-    with open("/proc/self/mountinfo") as fh:
-        for line in fh:
-            point = line.split()[4].encode().decode("unicode_escape")
-            if any(point == str(r) or point.startswith(f"{r}/") for r in roots):
-                out.append(point)
-    return sorted(set(out), key=lambda p: -p.count("/"))
-
-
-def unmount_under(*roots: Path) -> None:
-    """Unmount everything below the roots, deepest first (the kubelet bind-mounts its root
-    onto itself, containerd mounts overlays and shm)."""
-    for _ in range(3):  # a bind mount onto itself shows twice
-        points = _mounts_under(*roots)
-        if not points:
-            return
-        for point in points:
-            subprocess.run(["umount", "-l", point], capture_output=True, check=False)
-
-
-def _netns_in_use() -> set[int]:
-    inodes = set()
-    for proc in Path("/proc").iterdir():
-        if proc.name.isdigit():
-            with contextlib.suppress(OSError):
-                inodes.add(os.stat(proc / "ns" / "net").st_ino)
-    return inodes
-
-
-def remove_pod_netns() -> None:
-    """The pods' network namespaces (``/run/netns/cni-*``) that no process uses any more."""
-    used = _netns_in_use()
-    for ns in Path("/run/netns").glob("cni-*"):
-        try:
-            if os.stat(ns).st_ino in used:
-                continue
-        except OSError:
-            pass
-        _ip("netns", "delete", ns.name, check=False)
-        with contextlib.suppress(OSError):
-            ns.unlink()
-
-
 def _iptables(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(["iptables", *args], capture_output=True, text=True, check=False)
-
-
-def remove_kube_chains() -> None:
-    """kube-proxy's chains: ``kube-proxy --cleanup`` exits 1 without ipset, so by hand:
-    first the rules that jump to a KUBE-* chain, then the chains."""
-    for table in ("nat", "filter", "mangle"):
-        rules = _iptables("-t", table, "-S").stdout.splitlines()
-        for rule in rules:
-            parts = shlex.split(rule)  # comments are quoted
-            if parts[:1] == ["-A"] and not parts[1].startswith("KUBE-") and "KUBE-" in rule:
-                _iptables("-t", table, "-D", *parts[1:])
-        chains = [r.split()[1] for r in rules if r.startswith("-N KUBE-")]
-        for chain in chains:
-            _iptables("-t", table, "-F", chain)
-        for chain in chains:
-            _iptables("-t", table, "-X", chain)
 
 
 def proxy_ready() -> bool:
@@ -345,21 +290,7 @@ def proxy_ready() -> bool:
     return "default/kubernetes" in _iptables("-t", "nat", "-S", "KUBE-SERVICES").stdout
 
 
-def kube_chains() -> list[str]:
-    return [f"{t}/{r.split()[1]}" for t in ("nat", "filter", "mangle")
-            for r in _iptables("-t", t, "-S").stdout.splitlines() if r.startswith("-N KUBE-")]
-
-
-def remove_bridge() -> None:
-    for line in _ip("-o", "link", "show", "master", BRIDGE, check=False).stdout.splitlines():
-        veth = line.split(":")[1].strip().split("@")[0]
-        _ip("link", "delete", veth, check=False)
-    if bridge_exists():
-        _ip("link", "delete", BRIDGE, check=False)
-    _ip("route", "del", "local", SERVICE_RANGE, "dev", "lo", check=False)
-
-
-def _processes() -> Iterator[tuple[int, list[bytes]]]:
+def processes() -> Iterator[tuple[int, list[bytes]]]:
     """(pid, command line) of every process that can be read."""
     for proc in Path("/proc").iterdir():
         if proc.name.isdigit():
@@ -371,56 +302,9 @@ def _processes() -> Iterator[tuple[int, list[bytes]]]:
                 yield int(proc.name), argv
 
 
-def kill_shims(dirs: NodeDirs) -> None:
-    """The containerd shims of this node (they outlive containerd) and their containers."""
-    sock = str(dirs.containerd_socket).encode()
-    for pid, argv in _processes():
-        if argv[0].endswith(b"containerd-shim-runc-v2") and sock in argv:
-            with contextlib.suppress(OSError):
-                os.killpg(pid, 9)
-            with contextlib.suppress(OSError):
-                os.kill(pid, 9)
-
-
-def clean_host(dirs: NodeDirs, state: Path) -> list[str]:
-    """After the node's processes stopped: remove what they left outside their folders.
-    Returns what could not be cleaned (empty when all is clean)."""
-    kill_shims(dirs)
-    unmount_under(dirs.root, dirs.run)
-    remove_pod_netns()
-    remove_kube_chains()
-    remove_bridge()
-    for path in HOST_LEFTOVERS:
-        p = Path(path)
-        if p.is_dir():
-            for child in p.iterdir():
-                if child.is_dir() and not child.is_symlink():
-                    shutil.rmtree(child, ignore_errors=True)
-                else:
-                    with contextlib.suppress(OSError):
-                        child.unlink()
-    for p in Path("/var/lib/cni/results").glob(f"{CNI_NETWORK}-*"):
-        with contextlib.suppress(OSError):
-            p.unlink()
-    try:
-        before = json.loads(state.read_text()).get("route_localnet", "0")
-        ROUTE_LOCALNET.write_text(f"{before}\n")
-        state.unlink()
-    except (OSError, ValueError):
-        pass
-    shutil.rmtree(dirs.run, ignore_errors=True)
-    problems = [f"mounted: {p}" for p in _mounts_under(dirs.root, dirs.run)]
-    problems += [f"iptables chain left: {c}" for c in kube_chains()]
-    if bridge_exists():
-        problems.append(f"bridge {BRIDGE} still exists")
-    if (why := check_no_forwarding()) is not None:
-        problems.append(why)
-    return problems
-
-
 def node_in_use() -> str | None:
     """Another node on this machine (a kubelet on the node's address), or None."""
-    for pid, argv in _processes():
+    for pid, argv in processes():
         if Path(argv[0].decode(errors="replace")).name == "kubelet" and \
                 f"--node-ip={NODE_ADDRESS}".encode() in argv:
             root = next((a.decode() for a in argv if a.startswith(b"--root-dir=")), "?")

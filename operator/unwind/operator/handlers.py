@@ -23,7 +23,7 @@ import kopf
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from .. import API_GROUP, API_VERSION
+from .. import API_GROUP, API_VERSION, __version__
 from ..api.conditions import now_rfc3339
 from . import metrics
 from .hooks import Admission, WebhookConfig, reader
@@ -342,6 +342,10 @@ async def _resync(namespaces: Namespaces, every: float) -> None:
             namespaces.touch(namespace)
 
 
+FIELD_MANAGER = "unwind-operator"
+FIELD_MANAGER_AGENT = f"{FIELD_MANAGER}/{__version__}"
+
+
 def run(config: Config, liveness: str | None, metrics_port: int | None) -> None:
     from kubernetes import config as kubeconfig
     from prometheus_client import start_http_server
@@ -355,6 +359,10 @@ def run(config: Config, liveness: str | None, metrics_port: int | None) -> None:
     except ValueError as exc:
         raise SystemExit(f"error: {exc}") from None
     api = client.ApiClient()
+    # The API server names a write's field manager after the client's User-Agent when the
+    # request names none: so every object and field the operator writes shows "unwind-operator"
+    # in managedFields (what `kubectl get --show-managed-fields` and GitOps tools read).
+    api.user_agent = FIELD_MANAGER_AGENT
     try:
         client.CoreV1Api(api).read_namespace(config.operator_namespace)
     except ApiException as exc:
