@@ -126,7 +126,7 @@ def _rollback_file(args: argparse.Namespace) -> int:
     try:
         summary = asyncio.run(execute(ledger, plan, versions, selection, by=by,
                                       secrets=LocalSecrets(args.secrets_dir), report=report,
-                                      moment=moment))
+                                      moment=moment, say=lambda text: print(text, flush=True)))
     except (SourceError, PlanError, StoreUnavailable) as exc:
         return fail(args, "rollback", str(exc))
     if summary.stopped is not None:

@@ -71,9 +71,11 @@ from pydantic import ValidationError
 
 from .. import API_GROUP, API_VERSION
 from ..api.resources import LedgerSpec, LedgerStatus
+from . import lifecycle
 from .entry import Entry, now, stamp
+from .fence import Fence, Fenced
+from .fence import parse as parse_fence
 from .store import (
-    Change,
     EntryExists,
     EntryMissing,
     Holder,
@@ -222,6 +224,7 @@ class _Page:
     # entry of a ledger written before owners were recorded.
     owner: str | None = None
     recorded: bool = False
+    fence: Fence | None = None  # first page only: the rollback's fence (kept when obj is dropped)
 
     def entry(self, at: int) -> Entry:
         model = self.models[at]
@@ -286,6 +289,7 @@ def _read_page(root: Path, name: str, run: str, number: int) -> _Page | None:
         page.texts.append(dump(item))
         page.models.append(None)
     if number == 1:
+        page.fence = parse_fence(obj["status"].get("fence"))
         owner = obj["spec"].get("owner")
         page.recorded = isinstance(owner, str)
         first = entries[0].get("actor") if entries else None
@@ -490,12 +494,19 @@ class _Batch:
     def owner(self) -> str | None:
         return self.run.pages[0].owner if self.run.pages else None
 
+    def fence(self) -> Fence | None:
+        return self.run.pages[0].fence if self.run.pages else None
+
     def create(self, entry: Entry, max_entries: int | None = None) -> Entry:
         run = self.run
         check_owner(run.name, self.owner(), entry.actor)
+        row = lifecycle.admit(entry)
         found = run.find(entry.id)
         if found is not None:
             raise EntryExists(found[0].entry(found[1]))
+        fence = self.fence()
+        if row.opens and fence is not None:
+            raise Fenced(run.name, fence)
         check_room(run.name, run.count, max_entries)
         stored = entry.model_copy(update={"seq": run.count + 1})
         if not run.pages:  # the run's first page is written at once: it records the owner
@@ -506,19 +517,36 @@ class _Batch:
         self._put(stored)
         return stored
 
-    def update(self, entry_id: str, change: Change) -> Entry:
+    def transition(self, entry_id: str, write: lifecycle.AnyWrite) -> Entry:
         found = self.run.find(entry_id)
         if found is None:
             raise EntryMissing(f"no entry {entry_id} in run {self.run.name}")
         page, at = found
-        new = change(page.entry(at))
-        if new.id != entry_id:
-            raise ValueError("a change may not alter an entry's id")
+        old = page.entry(at)
+        new = write(old)  # the lifecycle: the writer's expectation, then the table
+        fence = self.fence()
+        if fence is not None and lifecycle.opens(old, new, write):
+            raise Fenced(self.run.name, fence)
         first = self.run.pages[0]
         if first.recorded:
             check_owner(self.run.name, first.owner, new.actor)
         self._put(new)
         return new
+
+    def close(self, fence: Fence) -> Fence:
+        """Fence the run (its first page, written at once); a fence already there stays."""
+        run = self.run
+        if not run.pages:
+            raise EntryMissing(f"no ledger of run {run.name}: nothing to roll back")
+        first = run.loaded(run.pages[0])
+        if first.fence is not None:
+            return first.fence
+        assert first.obj is not None
+        first.obj["status"]["fence"] = fence.to_json()
+        first.fence = fence
+        run.mark(first)
+        self.fold = True  # the page is written (and synced) before the fence counts
+        return fence
 
     def _put(self, entry: Entry) -> None:
         text = entry.model_dump_json(exclude_none=True)
@@ -572,8 +600,12 @@ class FileStore:
         result: Entry = await self._submit(run, lambda b: b.create(entry, max_entries))
         return result
 
-    async def update(self, run: str, entry_id: str, change: Change) -> Entry:
-        result: Entry = await self._submit(run, lambda b: b.update(entry_id, change))
+    async def transition(self, run: str, entry_id: str, write: lifecycle.AnyWrite) -> Entry:
+        result: Entry = await self._submit(run, lambda b: b.transition(entry_id, write))
+        return result
+
+    async def fence(self, run: str, fence: Fence) -> Fence:
+        result: Fence = await self._submit(run, lambda b: b.close(fence))
         return result
 
     async def entries(self, run: str) -> list[Entry]:
@@ -744,8 +776,18 @@ class FileStore:
         result: Entry = self._one(run, lambda b: b.create(entry, max_entries), fold=True)
         return result
 
-    def update_sync(self, run: str, entry_id: str, change: Change) -> Entry:
-        result: Entry = self._one(run, lambda b: b.update(entry_id, change), fold=True)
+    def transition_sync(self, run: str, entry_id: str, write: lifecycle.AnyWrite) -> Entry:
+        result: Entry = self._one(run, lambda b: b.transition(entry_id, write), fold=True)
+        return result
+
+    def fence_sync(self, run: str, fence: Fence) -> Fence:
+        """Close the run to new calls (``unwind rollback``): under the run's lock, so a
+        gateway's next write-ahead, which holds the same lock, sees it."""
+        result: Fence = self._one(run, lambda b: b.close(fence), fold=True)
+        return result
+
+    def fenced_sync(self, run: str) -> Fence | None:
+        result: Fence | None = self._one(run, lambda b: b.fence())
         return result
 
     # ---- the files ----
@@ -891,7 +933,8 @@ class FileLocks:
 
     def acquire_sync(self, name: str, holder: Holder) -> Holder | None:
         path = self.dir / f"{name}.key"
-        data = json.dumps({"run": holder.run, "entry": holder.entry, "since": holder.since}).encode()
+        data = json.dumps({"run": holder.run, "entry": holder.entry, "since": holder.since,
+                           **({"deadline": holder.deadline} if holder.deadline else {})}).encode()
         try:
             fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
         except FileExistsError:
@@ -905,6 +948,9 @@ class FileLocks:
             os.close(fd)
         return None
 
+    def peek_sync(self, name: str) -> Holder | None:
+        return self._holder(name)
+
     def release_entry_sync(self, name: str, run: str, entry: str) -> bool:
         """Remove the lock if the entry ``entry`` of ``run`` holds it, whatever its ``since``
         (a rollback frees the key of an entry it undid, or found never ran)."""
@@ -917,7 +963,9 @@ class FileLocks:
         path = self.dir / f"{name}.key"
         try:
             data = json.loads(path.read_bytes())
-            return Holder(str(data["run"]), str(data["entry"]), str(data["since"]))
+            deadline = data.get("deadline")
+            return Holder(str(data["run"]), str(data["entry"]), str(data["since"]),
+                          str(deadline) if deadline else None)
         except FileNotFoundError:
             return None
         except (OSError, ValueError, KeyError, TypeError):
