@@ -51,11 +51,13 @@ client), so this module stays in the ledger layer.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import logging
 import random
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any, Protocol
 from urllib.parse import quote
 
@@ -78,6 +80,12 @@ log = logging.getLogger("unwind.ledger")
 PAGE_BYTES = 16 << 10
 MAX_ATTEMPTS = 30
 RUN_LABEL = f"{API_GROUP}/run"
+# Whose gateway created a run (a digest of spec.owner: an actor's name is no label value).
+OWNER_LABEL = f"{API_GROUP}/owner"
+
+
+def owner_label(actor: str) -> str:
+    return hashlib.sha256(actor.encode("utf-8")).hexdigest()[:40]
 
 
 class Api(Protocol):
@@ -289,6 +297,34 @@ class ClusterStore:
         pages.sort(key=lambda o: int((o.get("spec") or {}).get("page", 1)))
         return [Entry.model_validate(e) for o in pages for e in (o.get("status") or {}).get("entries", [])]
 
+    async def runs_created(self, actor: str, since: datetime) -> dict[str, datetime]:
+        """The runs whose ledger ``actor``'s gateways created at or after ``since`` (their
+        first page's creationTimestamp), for ``--max-runs`` after a restart: the ledgers'
+        metadata only (``OWNER_LABEL`` says whose; a ledger made before the label is not
+        counted)."""
+        selector = quote(f"{OWNER_LABEL}={owner_label(actor)}", safe="")
+        try:
+            status, body = await self.api.request(
+                "GET", f"{self.base}?labelSelector={selector}",
+                accept="application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1,"
+                       "application/json")
+        except OSError as exc:
+            raise StoreUnavailable(str(exc) or type(exc).__name__) from None
+        if status != 200 or not isinstance(body, dict):
+            raise StoreUnavailable(_problem(status, body))
+        out: dict[str, datetime] = {}
+        for item in body.get("items") or []:
+            meta = item.get("metadata") or {}
+            labels = meta.get("labels") or {}
+            run, made = labels.get(RUN_LABEL), meta.get("creationTimestamp")
+            if labels.get(OWNER_LABEL) != owner_label(actor) or meta.get("name") != run \
+                    or not isinstance(made, str):
+                continue
+            when = parse_stamp(made)
+            if when >= since:
+                out[str(run)] = when
+        return out
+
     async def owner(self, run: str) -> str | None:
         """Read from the API server (page 1), never from what this process saw earlier."""
         obj = await self._read(run)
@@ -366,8 +402,9 @@ class ClusterStore:
         spec: dict[str, Any] = {"run": run, "page": number}
         if owner is not None:
             spec["owner"] = owner
+        labels = {RUN_LABEL: run, **({OWNER_LABEL: owner_label(owner)} if owner is not None else {})}
         body = {"apiVersion": f"{API_GROUP}/{API_VERSION}", "kind": "EffectLedger",
-                "metadata": {"name": name, "labels": {RUN_LABEL: run}}, "spec": spec}
+                "metadata": {"name": name, "labels": labels}, "spec": spec}
         status, obj = await _call(self.api, "POST", self.base, body)
         self.writes += 1
         if status == 409:
@@ -463,8 +500,8 @@ class ClusterStore:
                 if not state.pages:
                     state.pages.append(await self._create_page(run, 1, owner=creator))
                 elif state.pages[-1].size >= self.page_bytes and state.pages[-1].count \
-                        and not await self._roll(run, state):
-                    continue
+                        and state.pages[-1].fence is None and not await self._roll(run, state):
+                    continue  # (a fenced tail is not continued: its write-ahead is refused)
             work = _Work(self, run, state)
             touched: dict[str, list[tuple[_Op, Any]]] = {}
             for op in todo:
@@ -515,10 +552,11 @@ class _Work:
         return self.copies[page.name]
 
     def _fence(self, page: _Page) -> Fence | None:
-        """The fence a write to ``page`` must honour: the page's own (the write is
-        conditional on its resourceVersion, so it is the fence as of the write), or the
-        request on the first page as this copy holds it."""
-        return page.fence or self.state.pages[0].fence
+        """The fence a write to ``page`` must honour: the page's own (its status.fence, or on
+        the first page the request itself). The write is conditional on that page's
+        resourceVersion, so this is the fence as of the write; the operator fences every
+        page before it plans."""
+        return page.fence
 
     async def create(self, entry: Entry, max_entries: int | None = None) -> tuple[_Page, Entry]:
         head = self.state.pages[0]

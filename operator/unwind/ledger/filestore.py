@@ -470,6 +470,30 @@ def read_run(root: str | os.PathLike[str], run: str, *, attempts: int = 20) -> l
                            "try again")
 
 
+def runs_created(root: Path, actor: str, since: datetime) -> dict[str, datetime]:
+    """See ``FileStore.runs_created``. A page written by this store starts with its metadata
+    and spec (the status, with the entries, comes last), so only a page's head is read."""
+    out: dict[str, datetime] = {}
+    for path in root.glob("*.json"):
+        if ".p" in path.stem or path.name.endswith(".rollback.json"):
+            continue  # a continuation page, a frozen plan
+        try:
+            with open(path, "rb") as f:
+                head = f.read(8192)
+            cut = head.find(b',"status":')
+            obj = json.loads(head[:cut] + b"}") if cut > 0 else json.loads(path.read_bytes())
+            spec, meta = obj.get("spec") or {}, obj.get("metadata") or {}
+            made = meta.get("creationTimestamp")
+            if spec.get("owner") != actor or spec.get("page", 1) != 1 or not isinstance(made, str):
+                continue
+            when = datetime.fromisoformat(made.replace("Z", "+00:00"))
+        except (OSError, ValueError, AttributeError):
+            continue  # not a ledger page this store wrote: not counted
+        if when >= since:
+            out[str(spec.get("run") or path.stem)] = when
+    return out
+
+
 class _Batch:
     """One locked read-modify-write of a run: the records its operations wrote, whether one
     of them must be on disk before it returns, and whether to fold the journal."""
@@ -615,6 +639,11 @@ class FileStore:
     async def owner(self, run: str) -> str | None:
         result: str | None = await self._submit(run, lambda b: b.owner())
         return result
+
+    async def runs_created(self, actor: str, since: datetime) -> dict[str, datetime]:
+        """The runs of this folder whose first page ``actor`` created at or after ``since``
+        (``metadata.creationTimestamp``, ``spec.owner``): ``--max-runs`` after a restart."""
+        return await asyncio.to_thread(runs_created, self.root, actor, since)
 
     async def aclose(self) -> None:
         """Fold every run's journal into its pages (the gateway stops)."""

@@ -7,7 +7,7 @@ fence checked in the write.
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime
 
 from . import lifecycle
 from .entry import Entry
@@ -34,7 +34,9 @@ class MemoryStore:
         if row.opens and run in self.fences:
             raise Fenced(run, self.fences[run])
         check_room(run, len(entries), max_entries)
-        self.owners.setdefault(run, entry.actor)
+        if run not in self.owners:
+            self.owners[run] = entry.actor
+            self.created[run] = datetime.now(UTC)
         stored = entry.model_copy(update={"seq": len(entries) + 1})
         self.runs.setdefault(run, {})[entry.id] = stored
         return stored
@@ -56,6 +58,10 @@ class MemoryStore:
 
     async def entries(self, run: str) -> list[Entry]:
         return list(self.runs.get(run, {}).values())
+
+    async def runs_created(self, actor: str, since: datetime) -> dict[str, datetime]:
+        return {run: when for run, when in self.created.items()
+                if self.owners.get(run) == actor and when >= since}
 
     async def fence(self, run: str, fence: Fence) -> Fence:
         """Close the run to new calls (a rollback); the first fence stays."""
