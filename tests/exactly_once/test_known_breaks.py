@@ -155,7 +155,7 @@ async def test_a_call_that_lost_its_key_past_its_deadline_is_refused_right_befor
 async def test_max_runs_is_counted_where_it_is_checked(ledgers: Ledgers, tmp_path: Path) -> None:
     """100 concurrent calls into new runs with --max-runs 3 make 3 ledgers; a gateway started
     again (the kubelet restarted it) keeps counting from what the store holds."""
-    async with serving() as (up, base):
+    async with serving() as (_, base):
         manifests = tools(tmp_path, base)
         gw = ledgers.gateway(manifests, max_runs=3)
         results = await asyncio.gather(*(gw.call(call("once.pay", {"order_id": f"o{n}", "amount": 1},
@@ -169,7 +169,7 @@ async def test_max_runs_is_counted_where_it_is_checked(ledgers: Ledgers, tmp_pat
 async def test_max_runs_keeps_counting_after_the_gateway_restarts(ledgers: Ledgers, tmp_path: Path) -> None:
     """Three runs written one after the other, then the gateway restarted: a fourth run in
     the same window is refused, as it would have been without the restart."""
-    async with serving() as (up, base):
+    async with serving() as (_, base):
         manifests = tools(tmp_path, base)
         gw = ledgers.gateway(manifests, max_runs=3)
         for n in range(3):

@@ -18,8 +18,8 @@ from unwind.gateway.catalogue import LocalCatalogue
 from unwind.gateway.enforce import CallRequest, CallResult, Gateway, Settings
 from unwind.ledger.entry import REDACTED, Entry
 from unwind.ledger.handle import KEPT_MAX_DEPTH
-from unwind.ledger.memory import MemoryLocks, MemoryStore
 from unwind.ledger.lifecycle import AnyWrite
+from unwind.ledger.memory import MemoryLocks, MemoryStore
 from unwind.ledger.store import StoreUnavailable
 from unwind.upstream.client import Answer, Prepared, Upstream
 from unwind.upstream.secrets import LocalSecrets

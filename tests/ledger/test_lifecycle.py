@@ -94,8 +94,8 @@ def test_the_key_effect_of_each_row_is_what_its_states_say_and_a_wrong_row_fails
         before = t.source is not None and holds[t.source]
         assert t.key == {(False, True): "take", (True, True): "hold", (True, False): "free",
                          (False, False): "none"}[(before, holds[t.target])]
-    assert HOLDING == {"awaiting_approval", "pending", "succeeded", "uncertain", "undoing",
-                       "undo_failed"}
+    assert {"awaiting_approval", "pending", "succeeded", "uncertain", "undoing",
+                       "undo_failed"} == HOLDING
     wrong = lifecycle._t("pending", "failed", "gateway", "hold", "a row that says the wrong thing")
     monkeypatch.setattr(lifecycle, "TRANSITIONS", (*TRANSITIONS, wrong))
     with pytest.raises(AssertionError, match="pending -> failed"):
@@ -103,7 +103,7 @@ def test_the_key_effect_of_each_row_is_what_its_states_say_and_a_wrong_row_fails
 
 
 def test_the_planners_holding_states_are_the_lifecycles_but_pending() -> None:
-    assert _HELD_KEY == HOLDING - {"pending"}
+    assert HOLDING - {"pending"} == _HELD_KEY
 
 
 def test_a_write_whose_expected_state_is_gone_names_the_entry_the_states_and_the_writer() -> None:

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from tests.lifecycle_paths import store_entry
 from unwind.ledger.entry import (
     ApprovalDecision,
     ApprovalRulesRecord,
@@ -16,7 +17,6 @@ from unwind.ledger.entry import (
     Handle,
     Times,
 )
-from tests.lifecycle_paths import store_entry
 from unwind.ledger.filestore import FileStore
 
 from .conftest import unwind

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from unwind.ledger.entry import Entry, Times
 from tests.lifecycle_paths import store_entry
+from unwind.ledger.entry import Entry, Times
 from unwind.ledger.filestore import FileStore
 from unwind.manifest.canonical import checksum
 from unwind.undo.sources import SourceError, load_versions, read_ledger_file

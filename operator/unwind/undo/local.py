@@ -161,11 +161,12 @@ async def execute(ledger: LocalLedger, plan: Plan, versions: Versions, selection
     tell: Say = say or (lambda _: None)
     close_run(ledger, by, clock, reason)
     await wait_for_calls(ledger, clock, tell, pause)
-    shown = len(plan.runnable())
+    shown = plan
     plan = plan_local(ledger, versions, selection, moment or clock())
-    if len(plan.runnable()) != shown:
-        tell(f"the run changed since the plan was shown: {len(plan.runnable())} steps to run "
-             f"now, not {shown}")
+    if plan.to_json() != shown.to_json():
+        n = len(plan.runnable())
+        tell(f"the run changed since the plan was shown: planned again, {n} "
+             f"step{'' if n == 1 else 's'} to run (the plan shown had {len(shown.runnable())})")
     own = upstream is None
     # a local rollback starts a stdio MCP server as the gateway did
     client = upstream if upstream is not None else Upstream(commands=True)
