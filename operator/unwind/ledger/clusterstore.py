@@ -51,7 +51,6 @@ client), so this module stays in the ledger layer.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import logging
 import random
@@ -80,12 +79,9 @@ log = logging.getLogger("unwind.ledger")
 PAGE_BYTES = 16 << 10
 MAX_ATTEMPTS = 30
 RUN_LABEL = f"{API_GROUP}/run"
-# Whose gateway created a run (a digest of spec.owner: an actor's name is no label value).
-OWNER_LABEL = f"{API_GROUP}/owner"
-
-
-def owner_label(actor: str) -> str:
-    return hashlib.sha256(actor.encode("utf-8")).hexdigest()[:40]
+# Whose gateway created a run (spec.owner, in the metadata, so that a restarted gateway
+# counts its runs from the ledgers' metadata alone: runs_created).
+OWNER_ANNOTATION = f"{API_GROUP}/owner"
 
 
 class Api(Protocol):
@@ -299,10 +295,10 @@ class ClusterStore:
 
     async def runs_created(self, actor: str, since: datetime) -> dict[str, datetime]:
         """The runs whose ledger ``actor``'s gateways created at or after ``since`` (their
-        first page's creationTimestamp), for ``--max-runs`` after a restart: the ledgers'
-        metadata only (``OWNER_LABEL`` says whose; a ledger made before the label is not
-        counted)."""
-        selector = quote(f"{OWNER_LABEL}={owner_label(actor)}", safe="")
+        first page's creationTimestamp), for ``--max-runs`` after a restart: read from the
+        ledgers' metadata only (a few hundred bytes each; ``OWNER_ANNOTATION`` says whose,
+        so a ledger created before it is not counted)."""
+        selector = quote(RUN_LABEL, safe="")
         try:
             status, body = await self.api.request(
                 "GET", f"{self.base}?labelSelector={selector}",
@@ -315,10 +311,10 @@ class ClusterStore:
         out: dict[str, datetime] = {}
         for item in body.get("items") or []:
             meta = item.get("metadata") or {}
-            labels = meta.get("labels") or {}
-            run, made = labels.get(RUN_LABEL), meta.get("creationTimestamp")
-            if labels.get(OWNER_LABEL) != owner_label(actor) or meta.get("name") != run \
-                    or not isinstance(made, str):
+            run = (meta.get("labels") or {}).get(RUN_LABEL)
+            made = meta.get("creationTimestamp")
+            if (meta.get("annotations") or {}).get(OWNER_ANNOTATION) != actor \
+                    or meta.get("name") != run or not isinstance(made, str):
                 continue
             when = parse_stamp(made)
             if when >= since:
@@ -402,9 +398,11 @@ class ClusterStore:
         spec: dict[str, Any] = {"run": run, "page": number}
         if owner is not None:
             spec["owner"] = owner
-        labels = {RUN_LABEL: run, **({OWNER_LABEL: owner_label(owner)} if owner is not None else {})}
+        meta: dict[str, Any] = {"name": name, "labels": {RUN_LABEL: run}}
+        if owner is not None:
+            meta["annotations"] = {OWNER_ANNOTATION: owner}
         body = {"apiVersion": f"{API_GROUP}/{API_VERSION}", "kind": "EffectLedger",
-                "metadata": {"name": name, "labels": labels}, "spec": spec}
+                "metadata": meta, "spec": spec}
         status, obj = await _call(self.api, "POST", self.base, body)
         self.writes += 1
         if status == 409:
