@@ -637,9 +637,10 @@ class RollbackLoop:
 
 
 def relevant(body: dict[str, Any]) -> bool:
-    """Whether a ledger event needs a pass: a rollback asked for or running, or a lost answer."""
+    """Whether a ledger event needs a pass: a rollback asked for or running, a fence whose
+    request was withdrawn (to lift it), or a lost answer."""
     spec, status = body.get("spec") or {}, body.get("status") or {}
-    if (spec.get("rollback") or {}).get("requested"):
+    if (spec.get("rollback") or {}).get("requested") or status.get("fence"):
         return True
     rb = status.get("rollback")
     if rb is not None and not rb.get("finished"):
