@@ -30,7 +30,7 @@ from typing import Any
 
 from aiohttp import web
 
-from gateway.test_cluster_round_trips import NS, FakeApiServer
+from tests.fake_apiserver import FakeApiServer
 from tests.upstream import server as upstream_server
 from unwind.gateway.catalogue import LocalCatalogue
 from unwind.gateway.enforce import CallRequest, CallResult, Gateway, Settings
@@ -48,6 +48,7 @@ from unwind.upstream.client import Upstream
 from unwind.upstream.secrets import LocalSecrets
 
 HERE = Path(__file__).parent
+NS = "agents"  # the fake API server's namespace
 ACTOR = "agent"
 SCOPES = frozenset({"pay:read", "pay:write"})
 

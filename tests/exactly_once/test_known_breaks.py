@@ -207,7 +207,10 @@ async def test_a_pending_entry_whose_key_another_run_holds_is_not_undone_twice(
         charge = made.body
         assert up.refunds(charge["id"]) == 1
         assert ledgers.entries("run-a")["a-1"].state == "undone"
-        assert ledgers.entries("run-b")["b-1"].state == "pending"  # never ran: skipped
+        never = ledgers.entries("run-b")["b-1"]  # never ran: skipped, and recorded as its gateway would have
+        assert never.state == "refused" and never.error is not None and never.error.code == "duplicate"
+        assert never.error.message.startswith("recorded by the rollback: entry a-1 of run run-a holds its "
+                                              "idempotency key 'pay-42'")
 
 
 async def test_a_lost_refusal_beside_an_uncertain_call_is_not_undone_twice(
@@ -230,7 +233,7 @@ async def test_a_lost_refusal_beside_an_uncertain_call_is_not_undone_twice(
         [charge] = charges_of(up, "42")
         assert up.refunds(charge["id"]) == 1
         entries = ledgers.entries("run-1")
-        assert (entries["x-1"].state, entries["y-1"].state) == ("undone", "pending")
+        assert (entries["x-1"].state, entries["y-1"].state) == ("undone", "refused")
 
 
 def test_the_fixture_of_a_killed_write_ahead_is_what_a_gateway_writes(tmp_path: Path) -> None:

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from gateway.test_cluster_round_trips import NS, FakeApiServer
+from tests.fake_apiserver import FakeApiServer
 from unwind.ledger import lifecycle
 from unwind.ledger.clusterstore import ClusterStore
 from unwind.ledger.entry import STATES, Attempt, Entry, State, Times, stamp
@@ -31,6 +31,7 @@ from unwind.ledger.memory import MemoryStore
 from unwind.ledger.plan import _HELD_KEY
 
 ROOT = Path(__file__).resolve().parents[2]
+NS = "agents"  # the fake API server's namespace
 T0 = datetime(2026, 3, 1, 10, 0, tzinfo=UTC)
 
 

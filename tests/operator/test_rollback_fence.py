@@ -87,11 +87,14 @@ def test_a_pending_entry_whose_lease_names_another_run_is_skipped_not_looked_up(
         view.holders = holders
         steps = run(view, versions).status["rollback"]["steps"]
         assert [s["action"] for s in steps] == ([action] if action else []), holders
-    # the skip is counted, and the entry stays as the killed gateway left it
+    # the skip is counted, and the entry recorded refused, as its gateway would have
     view = ledger([killed])
     view.holders = {"pay-9": Holder("run-7", "pay-1", stamp(NOW))}
     d = run(view, versions)
-    assert d.status["rollback"]["skipped"] == 1 and "pay-9" not in d.changes
+    assert d.status["rollback"]["skipped"] == 1
+    refused = d.changes["pay-9"](killed)
+    assert refused.state == "refused" and refused.error is not None and refused.error.code == "duplicate"
+    assert "entry pay-1 of run run-7 holds its idempotency key" in refused.error.message
 
 
 def test_a_pending_entry_written_before_deadlines_were_recorded_counts_as_past_its_deadline(

@@ -59,7 +59,7 @@ from ..manifest.keys import KeyRenderError, render_key
 from ..manifest.lint import schema_hash_of
 from ..manifest.model import Effect, ToolManifest
 from ..manifest.refs import resolve_map
-from ..upstream.client import Answer, McpContent, Prepared, Upstream, prepare
+from ..upstream.client import Answer, Prepared, Upstream, prepare
 from ..upstream.errors import Refusal, upstream_refusal
 from ..upstream.secrets import Secrets
 from .callstate import Call, CallRequest, CallResult, Settings
@@ -621,7 +621,7 @@ class Gateway(KeyHolding):
                 report["warnings"].append("the ledger could not record the outcome: the entry "
                                           "stays pending (its key stays taken)")
         if state == "failed":
-            await self._release(c, holder)
+            await self._release(c, holder, free=True)
         if refusal is not None:
             return CallResult(refusal.status, refusal.envelope(), report, entry.id)
         return CallResult(200, answer.data, report, entry.id, answer.content)

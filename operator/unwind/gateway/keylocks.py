@@ -127,7 +127,7 @@ class KeyHolding:
             else:
                 holder = (await self.ledger(self.locks.acquire(name, take)) if take
                           else await self.ledger(self.locks.peek(name)))
-            if holder is None or (holder.run, holder.entry) == (c.req.run, c.req.entry_id):
+            if holder is None or self._ours(c, holder, take):
                 return None
             entry = (await self.ledger(self.store.get(holder.run, holder.entry))
                      if holder.run else None)
@@ -141,6 +141,15 @@ class KeyHolding:
             await self.ledger(self.locks.break_stale(name, holder))
         return Refusal("ledger_unavailable", f"could not take the lock of key {c.key!r}: it "
                        "kept changing hands; try again")
+
+    @staticmethod
+    def _ours(c: Call, holder: Holder, take: Holder | None) -> bool:
+        """A lock naming this call's run and Idempotency-Key is this call's: the one it just
+        took, or that of its entry (awaiting approval, or written by an earlier try with
+        the same Idempotency-Key). Two calls with one Idempotency-Key may both hold it;
+        only one of them writes the entry (its create, or its compare-and-set on the
+        awaiting one), and the other gives nothing back (``_release``)."""
+        return (holder.run, holder.entry) == (c.req.run, c.req.entry_id)
 
     def _holds(self, run: str, entry: Entry) -> bool:
         """Whether the entry holds its key now: an awaiting entry is tallied as of now (one
@@ -239,9 +248,23 @@ class KeyHolding:
             log.error("entry %s of run %s stays pending (nothing was called): its refusal "
                       "(%s) could not be recorded: %s", entry.id, c.req.run, refusal.code, exc)
 
-    async def _release(self, c: Call, holder: Holder | None) -> None:
+    async def _release(self, c: Call, holder: Holder | None, *, free: bool = False) -> None:
+        """Give the lock back after this call failed, unless its entry holds the key: the
+        entry of another call with the same Idempotency-Key (its write won), or the one
+        awaiting approval. ``free``: this call just recorded its entry as not holding it.
+        When the store cannot say, the lock is kept (the safe side): it stands until its
+        deadline, or until the entry is read and no longer holds it."""
         if holder is None:
             return
+        if not free:
+            try:
+                entry = await self.store.get(c.req.run, c.req.entry_id)
+            except (StoreUnavailable, OSError) as exc:  # it stays: a call that needs it breaks it later
+                log.warning("the key lock of entry %s is kept: its entry cannot be read (%s)",
+                            holder.entry, exc)
+                return
+            if entry is not None and entry.key == c.key and self._holds(c.req.run, entry):
+                return
         try:
             await self.locks.release(self._lock_name(c), holder)
         except (StoreUnavailable, OSError) as exc:

@@ -18,7 +18,9 @@ against the legal transitions in the API server (``ValidateUpdate``); here every
 - a row that ``opens`` a call (the write-ahead, an awaiting entry, the approved repeat) is
   refused in a run a rollback has fenced (the store checks, ``opens``; ``fence.Fenced``);
 - a row marked ``after_deadline`` holds only once the call's deadline has passed: a lookup
-  never resolves a ``pending`` entry whose call may still be in flight.
+  never resolves a ``pending`` entry whose call may still be in flight, nor an
+  ``uncertain`` one whose upstream may still apply the call it stopped waiting for (a
+  lookup before that would say "not found" and free the key of an effect about to land).
 
 Each row says what it does to the entry's key: ``take`` (the entry now holds its rendered
 key: a second call with the same key is a duplicate), ``hold`` (it keeps holding), ``free``
@@ -123,15 +125,21 @@ TRANSITIONS: tuple[Transition, ...] = (
     _t("pending", "refused", "gateway", "free", "its key turned out held by a standing call: "
        "nothing was sent"),
     # lost answers
-    _t("uncertain", "uncertain", "lookup", "hold", "a lookup attempt is recorded"),
-    _t("uncertain", "succeeded", "lookup", "hold", "the lookup found the effect"),
-    _t("uncertain", "failed", "lookup", "free", "the lookup found no effect (404)"),
+    _t("uncertain", "uncertain", "lookup", "hold", "a lookup attempt is recorded",
+       after_deadline=True),
+    _t("uncertain", "succeeded", "lookup", "hold", "the lookup found the effect",
+       after_deadline=True),
+    _t("uncertain", "failed", "lookup", "free", "the lookup found no effect (404)",
+       after_deadline=True),
     _t("pending", "pending", "lookup", "hold", "a lookup attempt is recorded", after_deadline=True),
     _t("pending", "succeeded", "lookup", "hold", "the lookup found the effect",
        after_deadline=True),
     _t("pending", "failed", "lookup", "free", "the lookup found no effect (404)",
        after_deadline=True),
     # rollback
+    _t("pending", "refused", "rollback", "free", "the rollback found the call never ran (its "
+       "key's lock names another entry, or none): what its gateway would have written",
+       after_deadline=True),
     _t("succeeded", "undoing", "rollback", "hold", "the undo is written ahead"),
     _t("undo_failed", "undoing", "rollback", "hold", "a failed undo is retried"),
     _t("undoing", "undoing", "rollback", "hold", "an interrupted undo runs again (same step key)"),

@@ -161,7 +161,7 @@ def make_plan(ledger: str, entries: Sequence[Entry], versions: Versions, *,
     refs = _Refs()
     steps = {e.id: plan_entry(e, versions, now, refs) for e in chosen}
     for e in chosen:  # a pending entry that never had its key's lock never ran
-        why = _never_ran(ledger, e, ordered, holders)
+        why = never_ran(ledger, e, ordered, holders)
         if why is not None and steps[e.id].action == "lookup":
             steps[e.id] = _report(e, "skip", why + ": this call was refused as a duplicate "
                                   "before anything was sent (the gateway stopped before it "
@@ -178,7 +178,7 @@ def make_plan(ledger: str, entries: Sequence[Entry], versions: Versions, *,
 _HELD_KEY = frozenset({"awaiting_approval", "succeeded", "uncertain", "undoing", "undo_failed"})
 
 
-def _never_ran(ledger: str, entry: Entry, entries: Sequence[Entry],
+def never_ran(ledger: str, entry: Entry, entries: Sequence[Entry],
                holders: Mapping[str, Holder | None] | None) -> str | None:
     """Why a keyed ``pending`` entry never called its upstream, or None. A gateway calls
     the upstream only while the key's lock names the call (it reads the lock again right
@@ -321,11 +321,23 @@ def _unknown(entry: Entry, m: ToolManifest, note: str, refs: _Refs) -> Step:
     """An entry whose outcome is unknown: found through the lookup, never guessed."""
     what = ("its answer was lost" if entry.state == "uncertain"
             else "its outcome was never recorded (the gateway stopped during the call)")
-    if m.effect == Effect.idempotent:
-        return _left_changed(entry, m, f" ({what}){note}")
     if m.effect == Effect.read_only:
         return _report(entry, "skip", f"{m.tool} is {m.effect}: nothing to undo, whatever "
                        f"happened{note}")
+    settles = m.effect in (Effect.idempotent, Effect.irreversible)
+    if settles and m.lookup is not None:
+        # Nothing undoes it, but the lookup settles it: found, it stands (left behind);
+        # not found, it never happened and its key is free. Unlooked-up, the entry would
+        # hold its key for good.
+        h = entry.handle or Handle()
+        args, missing = _resolve(refs.of(m).lookup, h, entry.key)
+        if not missing:
+            return Step(entry.id, entry.tool, "lookup", m.lookup.tool, args, (), False,
+                        f"{what}: {m.lookup.tool} finds whether it acted (found: {m.tool} is "
+                        f"{m.effect}, it is left behind; not found: it never happened and its "
+                        f"key is free){note}")
+    if m.effect == Effect.idempotent:
+        return _left_changed(entry, m, f" ({what}){note}")
     if m.effect == Effect.irreversible:
         return _report(entry, "not_undoable", f"{m.tool} is irreversible ({what}): nothing can "
                        f"undo it{note}")

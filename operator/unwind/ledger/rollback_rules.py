@@ -7,8 +7,9 @@ Jobs) decide the same things the same way, here, through the lifecycle (``lifecy
   awaiting approval (their call must not run later, and their key must not stay held), and
   waits for the calls already written ahead to finish or pass their deadline
   (``in_flight``). Only then does it plan.
-- **Lookups** resolve ``uncertain`` entries, and ``pending`` ones whose deadline has passed
-  (``may_look_up``): never a call that may still be in flight.
+- **Lookups** resolve ``uncertain`` and ``pending`` entries once their deadline has passed
+  (``may_look_up``): never a call that may still be in flight, or still be applied by an
+  upstream the gateway stopped waiting for.
 - **Undos** start from ``succeeded``, ``undoing`` (resumed) or ``undo_failed`` (retried).
 - **Keys**: an entry that no longer holds its key (undone, found never to have happened,
   denied) frees it (``frees_key``); its lock, when it still names the entry, is given up
@@ -26,7 +27,7 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any
 
-from .entry import Entry, EntryError, Handle, parse_stamp
+from .entry import Entry, EntryError, Handle, parse_stamp, stamp
 from .fence import Fence
 from .lifecycle import HOLDS, Expect, Write, deadline_passed
 from .plan import Step
@@ -42,8 +43,9 @@ _LOOKUP_RESULT = ("tool", "outcome", "reason", "call", "finished")
 # ---- what to wait for, what may be looked up ----
 
 def in_flight(entries: Iterable[Entry], now: datetime) -> list[Entry]:
-    """The calls that may still be under way at ``now``: pending, their deadline ahead."""
-    return [e for e in entries if e.state == "pending" and not deadline_passed(e, now)]
+    """The calls that may still take effect at ``now``: pending or uncertain (the gateway
+    stopped waiting; the upstream may still apply it), their deadline ahead."""
+    return [e for e in entries if e.state in LOOKUP_STATES and not deadline_passed(e, now)]
 
 
 def last_deadline(entries: Iterable[Entry]) -> datetime | None:
@@ -56,11 +58,9 @@ def awaiting(entries: Iterable[Entry]) -> list[Entry]:
 
 
 def may_look_up(entry: Entry, now: datetime) -> bool:
-    """A lookup may resolve ``entry`` now: its answer was lost, or it is pending and its
-    call can no longer be in flight."""
-    if entry.state == "uncertain":
-        return True
-    return entry.state == "pending" and deadline_passed(entry, now)
+    """A lookup may resolve ``entry`` now: it is uncertain or pending, and its call can no
+    longer take effect (its deadline has passed)."""
+    return entry.state in LOOKUP_STATES and deadline_passed(entry, now)
 
 
 def may_undo(entry: Entry) -> bool:
@@ -106,6 +106,18 @@ def deny_for_rollback(entry: Entry, fence: Fence, ledger: str) -> Write:
         return e.model_copy(update={"state": "denied", "approval": approval,
                                     "error": EntryError(code="rolled_back", message=message)})
     return Write("rollback", Expect.of(entry), change)
+
+
+def never_sent(entry: Entry, why: str, moment: datetime) -> Write:
+    """A keyed ``pending`` entry whose call never ran (the planner's skip: its key's lock
+    names another entry, or none): recorded ``refused`` as its gateway would have, so no
+    rollback leaves it pending for good. Only once its deadline has passed."""
+    def change(e: Entry) -> Entry:
+        times = e.times.model_copy(update={"finished": e.times.finished or stamp(moment)})
+        return e.model_copy(update={"state": "refused", "handle": None, "times": times,
+                                    "error": EntryError(code="duplicate", message=(
+                                        f"recorded by the rollback: {why}; nothing was sent"))})
+    return Write("rollback", Expect.of(entry), change, now=moment)
 
 
 def undo_begin(entry: Entry, step: Step, key: str | None, *, by: str, started: str,

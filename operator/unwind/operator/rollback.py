@@ -59,8 +59,17 @@ from ..api.resources import LedgerRollback, RollbackStatus
 from ..ledger import rollback_rules as rules
 from ..ledger.entry import ApprovalDecision, Entry, parse_stamp, stamp
 from ..ledger.fence import Fence
-from ..ledger.lifecycle import AnyWrite
-from ..ledger.plan import UNDOING, PlanError, Selection, Step, Versions, make_plan, plan_entry
+from ..ledger.lifecycle import AnyWrite, deadline_passed
+from ..ledger.plan import (
+    UNDOING,
+    PlanError,
+    Selection,
+    Step,
+    Versions,
+    make_plan,
+    never_ran,
+    plan_entry,
+)
 from ..ledger.stepinput import ledger_identity, step_input, step_key
 from ..ledger.store import Holder, Stale
 from .objects import Event
@@ -336,6 +345,7 @@ class _Pass:
             self._event("Warning", Reason.PLAN_FAILED, f"no rollback plan: {exc}")
             return
         rb["steps"], rb["skipped"] = self._frozen(plan.steps, 1)
+        self._never_sent(plan.steps)
         size = len(json.dumps(rb["steps"]).encode())
         if size > MAX_FROZEN_BYTES:
             rb.update(steps=[], error=f"the plan has {len(plan.steps)} steps ({size // 1024} KiB), "
@@ -350,6 +360,18 @@ class _Pass:
         self._replan_if_found()
         self._advance()
         self._finish_if_done()
+
+    def _never_sent(self, steps: Sequence[Step]) -> None:
+        """The pending entries skipped because they never ran are recorded refused, as
+        their gateway would have (ledger/rollback_rules.py: never_sent)."""
+        entries = list(self.entries.values())
+        for s in steps:
+            entry = self.entries.get(s.entry)
+            if s.action != "skip" or entry is None or entry.state != "pending":
+                continue
+            why = never_ran(self.ledger.name, entry, entries, self.ledger.holders)
+            if why is not None and deadline_passed(entry, self.ctx.now):
+                self._change(entry.id, rules.never_sent(entry, why, self.ctx.now))
 
     def _frozen(self, steps: Sequence[Step], first: int) -> tuple[list[dict[str, Any]], int]:
         out: list[dict[str, Any]] = []
@@ -714,8 +736,9 @@ class _Pass:
             return  # the rollback's own lookup steps do it
         started = 0
         for entry in list(self.entries.values()):
-            if entry.state != "uncertain" or started >= self.ctx.parallelism:
-                continue
+            if entry.state != "uncertain" or started >= self.ctx.parallelism \
+                    or not rules.may_look_up(entry, self.ctx.now):
+                continue  # (before its deadline the upstream may still apply the call)
             record = dict((entry.undo or {}).get("lookup") or {})
             name, attempts = record.get("job"), int(record.get("attempts") or 0)
             if name and not record.get("outcome"):

@@ -35,8 +35,8 @@ from ..ledger import rollback_rules as rules
 from ..ledger.entry import Entry, now, parse_stamp, stamp
 from ..ledger.fence import Fence
 from ..ledger.filestore import FileLocks, FileStore, LedgerDirError, write_atomic
-from ..ledger.lifecycle import AnyWrite
-from ..ledger.plan import UNDOING, Plan, Selection, Step, Versions, make_plan
+from ..ledger.lifecycle import AnyWrite, deadline_passed
+from ..ledger.plan import UNDOING, Plan, Selection, Step, Versions, make_plan, never_ran
 from ..ledger.stepinput import StepInput, ledger_identity, step_input
 from ..ledger.store import EntryMissing, Holder, Stale, StoreUnavailable
 from ..upstream.client import Upstream
@@ -110,6 +110,25 @@ def holders(ledger: LocalLedger, entries: list[Entry]) -> dict[str, Holder | Non
             for entry_id, name in rules.keyed_pending(ledger.run, entries).items()}
 
 
+def settle_never_sent(ledger: LocalLedger, plan: Plan, clock: Callable[[], datetime]) -> None:
+    """The pending entries the plan skips because they never ran (their key's lock names
+    another entry, or none) are recorded refused, as their gateway would have: no rollback
+    leaves them pending for good."""
+    entries = ledger.entries()
+    by_id = {e.id: e for e in entries}
+    held = holders(ledger, entries)
+    moment = clock()
+    for step in plan.steps:
+        entry = by_id.get(step.entry)
+        if step.action != "skip" or entry is None or entry.state != "pending":
+            continue
+        why = never_ran(ledger.name, entry, entries, held)
+        if why is None or not deadline_passed(entry, moment):
+            continue
+        with contextlib.suppress(Stale, EntryMissing):
+            ledger.store.transition_sync(ledger.run, entry.id, rules.never_sent(entry, why, moment))
+
+
 def close_run(ledger: LocalLedger, by: str, clock: Callable[[], datetime],
               reason: str | None = None) -> Fence:
     """Fence the run and deny what still awaits approval (freeing those keys)."""
@@ -167,6 +186,7 @@ async def execute(ledger: LocalLedger, plan: Plan, versions: Versions, selection
         n = len(plan.runnable())
         tell(f"the run changed since the plan was shown: planned again, {n} "
              f"step{'' if n == 1 else 's'} to run (the plan shown had {len(shown.runnable())})")
+    settle_never_sent(ledger, plan, clock)
     own = upstream is None
     # a local rollback starts a stdio MCP server as the gateway did
     client = upstream if upstream is not None else Upstream(commands=True)
