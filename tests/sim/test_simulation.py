@@ -24,6 +24,7 @@ from tests.sim.__main__ import report
 from tests.sim.run import Driver, Intent, run
 from tests.sim.world import Script
 
+
 def test_a_seed_replays_exactly() -> None:
     first, again = run(6), run(6)
     assert first.trace == again.trace and first.breaches == again.breaches
