@@ -42,6 +42,7 @@ EXPECTED_CLUSTER_RULES = {
     ("", "configmaps"): {"get", "list", "watch", "create", "update", "delete"},
     ("batch", "jobs"): {"get", "list", "watch", "create", "delete"},
     ("", "pods"): {"get", "list"},
+    ("coordination.k8s.io", "leases"): {"get"},
     ("", "events"): {"create", "patch"},
     ("events.k8s.io", "events"): {"create", "patch"},
 }

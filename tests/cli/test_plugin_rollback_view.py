@@ -120,3 +120,19 @@ def test_a_watch_that_times_out_says_what_the_ledger_shows_and_asks_about_the_op
     assert "operator running" not in going
     broken = view.watch_timeout(ledger(2, True, Degraded=("True", "DecisionsWriteFailed")), "ledger/run-1", 3, 600)
     assert broken.startswith("error: timed out after 600s: ledger/run-1 is Degraded (DecisionsWriteFailed)")
+
+
+def test_watch_says_what_a_fenced_rollback_waits_for_before_it_plans() -> None:
+    from unwind.cli.plugin_view import waiting_line
+
+    waiting = {"status": {"conditions": [
+        {"type": "RollbackPlanned", "status": "Unknown", "reason": "WaitingForCalls", "observedGeneration": 3,
+         "message": "the run is closed to new calls; waiting for 1 call in flight to finish or pass its "
+                    "deadline (pay-9; until 2026-11-30T10:00:40.000Z at the latest), then the plan is made"}]}}
+    assert waiting_line(waiting, 3) == (
+        "waiting: the run is closed to new calls; waiting for 1 call in flight to finish or pass its "
+        "deadline (pay-9; until 2026-11-30T10:00:40.000Z at the latest), then the plan is made")
+    assert waiting_line(waiting, 4) is None  # an older request's wait
+    planned = {"status": {"conditions": [{"type": "RollbackPlanned", "status": "True", "reason": "Planned",
+                                          "observedGeneration": 3, "message": "frozen"}]}}
+    assert waiting_line(planned, 3) is None

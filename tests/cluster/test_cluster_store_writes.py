@@ -12,6 +12,7 @@ from unwind.controlplane.dev import OperatorProcess
 from unwind.gateway.kube import InClusterConfig, KubeClient
 from unwind.ledger.clusterstore import ClusterStore
 from unwind.ledger.entry import Entry, Times, stamp
+from unwind.ledger.lifecycle import Expect, Write
 
 ACTOR = "system:serviceaccount:t:agent"
 
@@ -24,6 +25,11 @@ class Recording:
         status, answer = await self.kube.request(method, path, body, **kw)
         self.seen.append((method, path.rsplit("/", 1)[-1], status))
         return status, answer
+
+
+def outcome(state: str) -> Write:
+    """The gateway's outcome write (through the entry lifecycle, as every write)."""
+    return Write("gateway", Expect("pending"), lambda e: e.model_copy(update={"state": state}))
 
 
 def entry(eid: str, state: str = "pending") -> Entry:
@@ -43,12 +49,12 @@ async def test_a_patch_on_an_old_resource_version_gets_409_and_the_store_writes_
     a, b = ClusterStore(a_api, namespace), ClusterStore(b_api, namespace)  # type: ignore[arg-type]
     try:
         await a.create("run-1", entry("a-1"))  # POST the page, PUT its first entries
-        await a.update("run-1", "a-1", lambda e: e.model_copy(update={"state": "succeeded"}))
+        await a.transition("run-1", "a-1", outcome("succeeded"))
         await b.create("run-1", entry("b-1"))  # b reads the page, patches it
         a_api.seen.clear()
         await a.create("run-1", entry("a-2"))  # a's copy is old: 409, read, patch again
         assert [(m, s) for m, _, s in a_api.seen] == [("PATCH", 409), ("GET", 200), ("PATCH", 200)]
-        await b.update("run-1", "b-1", lambda e: e.model_copy(update={"state": "failed"}))
+        await b.transition("run-1", "b-1", outcome("failed"))
         stored = await a.entries("run-1")
         assert [(e.id, e.seq, e.state) for e in stored] == [
             ("a-1", 1, "succeeded"), ("b-1", 2, "failed"), ("a-2", 3, "pending")]

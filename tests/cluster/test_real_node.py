@@ -22,10 +22,14 @@ cluster is stopped before any other test starts one.
 
 from __future__ import annotations
 
+import copy
 import json
 import subprocess
 import time
+import urllib.error
+import urllib.request
 import uuid
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -187,6 +191,65 @@ def demo_account() -> list[dict[str, Any]]:
 
 RESTRICTED = {"runAsNonRoot": True, "allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
               "seccompProfile": {"type": "RuntimeDefault"}}
+
+
+def upstream_requests() -> list[dict[str, Any]]:
+    """Every request the examples' upstream (`unwind dev up` started it, on 127.0.0.1 too)
+    has answered: its own record of what happened."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{UPSTREAM_PORT}/_admin/requests", timeout=10) as r:
+        return list(json.loads(r.read())["requests"])
+
+
+def comment_status(comment_id: int) -> int:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{UPSTREAM_PORT}/comments/{comment_id}", timeout=10) as r:
+            return int(r.status)
+    except urllib.error.HTTPError as exc:
+        return int(exc.code)
+
+
+def test_a_rollback_started_while_the_demo_agent_still_calls_undoes_every_effect_exactly_once(
+        kc: Path, api: client.ApiClient, manifests: None) -> None:
+    """README's demo agent, calling on (a comment every 0.4 s), and `kubectl unwind rollback
+    --watch` asked for in the middle of it: the run is fenced (the agent's next call is
+    refused, naming the rollback), the call in flight is waited for, and every comment the
+    upstream made is deleted exactly once, by the upstream's own records."""
+    demo = [d for d in yaml.safe_load_all((ROOT / "examples" / "demo-agent.yaml").read_text()) if d]
+    name = f"story-{uuid.uuid4().hex[:6]}"
+    pod = copy.deepcopy(demo[-1])
+    pod["metadata"]["name"] = name
+    calls = [{"tool": "github.create_comment", "key": f"{name}-{n}", "pause": 0.4,
+              "arguments": {"repo": "octo/hello", "issue": 7, "client_id": f"{name}-{n}", "body": f"comment {n}"}}
+             for n in range(60)]
+    pod["spec"]["containers"][0]["env"] = [{"name": "UNWIND_DEMO_CALLS", "value": json.dumps(calls)}]
+    kubectl(kc, "apply", "-f", "-", input_text=yaml.safe_dump_all([*demo[:-1], pod]))
+
+    def entries() -> list[dict[str, Any]]:
+        out = kubectl(kc, "-n", "code-hosting", "get", "ledger", name, "-o", "json", check=False)
+        return list((json.loads(out).get("status") or {}).get("entries") or []) if out.startswith("{") else []
+    wait_for("the agent calling", lambda: len(entries()) >= 3, timeout=180)
+    ran = plugin(kc, "rollback", f"ledger/{name}", "-n", "code-hosting", "--reason", "stop it",
+                 "--watch", "--timeout", "300s")
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    assert f"ledger/{name}: rolled back:" in ran.stdout, ran.stdout
+    phase = finished(api, "code-hosting", name)
+    said = kubectl(kc, "-n", "code-hosting", "logs", name, "-c", "agent")
+    assert phase == "Failed", said  # the agent stops at the refusal
+    refused = [line for line in said.splitlines() if " 409 rolled_back" in line]
+    assert len(refused) == 1 and f"run {name} is being rolled back" in refused[0], said
+
+    ledger = json.loads(kubectl(kc, "-n", "code-hosting", "get", "ledger", name, "-o", "json"))
+    made = ledger["status"]["entries"]
+    assert made and {e["state"] for e in made} == {"undone"}, [(e["id"], e["state"]) for e in made]
+    assert all(p.get("status", {}).get("fence") for p in [ledger])
+    requests = upstream_requests()
+    created = [r for r in requests if r["route"] == "comments.create"
+               and str(r["arguments"].get("client_id", "")).startswith(f"{name}-")]
+    assert sorted(r["arguments"]["client_id"] for r in created) == sorted(e["id"] for e in made)
+    ids = [e["handle"]["result"]["id"] for e in made]
+    deletes = Counter(r["path"] for r in requests if r["route"] == "comments.delete")
+    assert {i: deletes[f"/comments/{i}"] for i in ids} == dict.fromkeys(ids, 1)
+    assert {i: comment_status(i) for i in ids} == dict.fromkeys(ids, 404)
 
 
 def agent_pod(name: str, namespace: str, script: str, *, labelled: bool = True) -> dict[str, Any]:

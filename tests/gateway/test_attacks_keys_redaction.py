@@ -18,8 +18,9 @@ from unwind.gateway.catalogue import LocalCatalogue
 from unwind.gateway.enforce import CallRequest, CallResult, Gateway, Settings
 from unwind.ledger.entry import REDACTED, Entry
 from unwind.ledger.handle import KEPT_MAX_DEPTH
+from unwind.ledger.lifecycle import AnyWrite
 from unwind.ledger.memory import MemoryLocks, MemoryStore
-from unwind.ledger.store import Change, StoreUnavailable
+from unwind.ledger.store import StoreUnavailable
 from unwind.upstream.client import Answer, Prepared, Upstream
 from unwind.upstream.secrets import LocalSecrets
 
@@ -80,11 +81,11 @@ class FailingStore(MemoryStore):
         super().__init__()
         self.fail = fail
 
-    async def update(self, run: str, entry_id: str, change: Change) -> Entry:
+    async def transition(self, run: str, entry_id: str, write: AnyWrite) -> Entry:
         if self.fail > 0:
             self.fail -= 1
             raise StoreUnavailable("the ledger's disk is full")
-        return await super().update(run, entry_id, change)
+        return await super().transition(run, entry_id, write)
 
 
 def ok(data: Any) -> Callable[[Prepared], Answer]:

@@ -90,10 +90,10 @@ class RecordingStore(MemoryStore):
 
     def __init__(self) -> None:
         super().__init__()
-        self.created: list[Entry] = []
+        self.written_ahead: list[Entry] = []
 
     async def create(self, run: str, entry: Entry, **kw: Any) -> Entry:
-        self.created.append(entry.model_copy(deep=True))
+        self.written_ahead.append(entry.model_copy(deep=True))
         return await super().create(run, entry, **kw)
 
 
@@ -170,7 +170,7 @@ async def test_an_update_is_undone_to_the_value_it_overwrote(
 
     # written ahead: the pending entry already holds the captured value, and only the
     # paths the undo names (not the phone, not the plan)
-    [pending] = world.store.created
+    [pending] = world.store.written_ahead
     assert pending.state == "pending"
     assert pending.handle is not None and pending.handle.before == {"email": "old@example.com"}
     done = world.entry("u-1")

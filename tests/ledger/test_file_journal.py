@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from unwind.ledger.entry import Entry, Times
 from unwind.ledger.filestore import FileStore, journal_path, read_run, record
+from unwind.ledger.lifecycle import Expect, Write
 from unwind.ledger.store import StoreUnavailable
 from unwind.undo.sources import SourceError, read_ledger_file
 
@@ -20,8 +22,23 @@ def entry(id_: str, state: str = "pending", body: str = "") -> Entry:
                  warnings=[body] if body else [], times=Times(requested="2026-11-30T10:00:00.000Z"))
 
 
-def done(e: Entry) -> Entry:
+def succeeded(e: Entry) -> Entry:
     return e.model_copy(update={"state": "succeeded"})
+
+
+# Writes go through the entry lifecycle (ledger/lifecycle.py): the call's outcome is the
+# gateway's; an edit of a pending entry's warnings stands for a lookup's record of an
+# attempt, and of a succeeded one for a rollback's write-ahead of its undo.
+done = Write("gateway", Expect("pending"), succeeded)
+
+
+def noted(state: str, change: Callable[[Entry], Entry]) -> Write:
+    if state == "pending":
+        return Write("lookup", Expect("pending"), change)
+    if state == "succeeded":
+        return Write("rollback", Expect("succeeded"),
+                     lambda e: change(e).model_copy(update={"state": "undoing"}))
+    return Write("rollback", Expect("undoing"), change)  # type: ignore[arg-type]
 
 
 def ids(pages: list[dict]) -> list[tuple[str, str]]:  # type: ignore[type-arg]
@@ -32,7 +49,7 @@ async def calls(store: FileStore, run: str, names: list[str]) -> None:
     """What the gateway does per call: the pending entry, then its outcome."""
     async def one(name: str) -> None:
         await store.create(run, entry(name))
-        await store.update(run, name, done)
+        await store.transition(run, name, done)
     await asyncio.gather(*(one(n) for n in names))
 
 
@@ -66,7 +83,7 @@ async def test_calls_that_arrive_together_share_one_fsync_and_outcomes_wait_for_
     await calls(store, "run-1", [f"e{n}" for n in range(10)])
     assert store.fsyncs - synced <= 2  # ten write-aheads: one or two batches, not ten fsyncs
     synced = store.fsyncs
-    await store.update("run-1", "e0", lambda e: e.model_copy(update={"warnings": ["x"]}))
+    await store.transition("run-1", "e0", noted("succeeded", lambda e: e.model_copy(update={"warnings": ["x"]})))
     assert store.fsyncs == synced  # not a write-ahead: written, synced with the next one
     assert FileStore(tmp_path).get_sync("run-1", "e0").warnings == ["x"]  # type: ignore[union-attr]
 
@@ -135,7 +152,7 @@ def test_a_fold_cut_short_before_the_journal_is_emptied_changes_nothing(tmp_path
              done(entry("a")).model_copy(update={"seq": 2}).model_dump_json(exclude_none=True)]
     journal = journal_path(tmp_path, "run-1")
     journal.write_bytes(b"".join(record(t) for t in texts))
-    store.update_sync("run-1", "first", done)  # a CLI write folds: the page holds a
+    store.transition_sync("run-1", "first", done)  # a CLI write folds: the page holds a
     assert journal.stat().st_size == 0
     journal.write_bytes(b"".join(record(t) for t in texts))  # as if it crashed before emptying
     got = FileStore(tmp_path).entries_sync("run-1")
@@ -155,7 +172,7 @@ async def test_another_process_writing_between_two_of_ours_is_read_before_ours(
     ours = FileStore(tmp_path, quiet_seconds=60)
     await calls(ours, "run-1", ["a"])
     theirs = FileStore(tmp_path)  # the CLI, say: a rollback marking an entry
-    theirs.update_sync("run-1", "a", lambda e: e.model_copy(update={"warnings": ["undone"]}))
+    theirs.transition_sync("run-1", "a", noted("succeeded", lambda e: e.model_copy(update={"warnings": ["undone"]})))
     await calls(ours, "run-1", ["b"])
     got = {e.id: e for e in FileStore(tmp_path).entries_sync("run-1")}
     assert got["a"].warnings == ["undone"] and got["b"].seq == 2
@@ -179,13 +196,13 @@ async def test_a_gateway_and_cli_writes_interleaved_at_random_lose_nothing(tmp_p
         elif roll < 0.8:
             name = rng.choice(sorted(expected))
             expected[name].append(f"gw{n}")
-            await gateway.update("run-1", name, lambda e, w=f"gw{n}": e.model_copy(
-                update={"warnings": [*e.warnings, w]}))
+            await gateway.transition("run-1", name, noted("pending", lambda e, w=f"gw{n}": e.model_copy(
+                update={"warnings": [*e.warnings, w]})))
         else:
             name = rng.choice(sorted(expected))
             expected[name].append(f"cli{n}")
-            FileStore(tmp_path, page_bytes=1500).update_sync("run-1", name, lambda e, w=f"cli{n}": (
-                e.model_copy(update={"warnings": [*e.warnings, w]})))
+            FileStore(tmp_path, page_bytes=1500).transition_sync("run-1", name, noted("pending", lambda e, w=f"cli{n}": (
+                e.model_copy(update={"warnings": [*e.warnings, w]}))))
     def seen(entries: list[Entry]) -> dict[str, list[str]]:
         return {e.id: e.warnings for e in entries}
     assert seen(FileStore(tmp_path).entries_sync("run-1")) == expected
@@ -208,6 +225,6 @@ async def test_a_cli_write_after_the_gateway_folded_is_seen_by_the_gateways_next
     gateway = FileStore(tmp_path, quiet_seconds=60)
     await calls(gateway, "run-1", ["a"])
     await gateway.aclose()  # folded: the journal is empty
-    FileStore(tmp_path).update_sync("run-1", "a", lambda e: e.model_copy(update={"warnings": ["cli"]}))
-    await gateway.update("run-1", "a", lambda e: e.model_copy(update={"warnings": [*e.warnings, "gw"]}))
+    FileStore(tmp_path).transition_sync("run-1", "a", noted("succeeded", lambda e: e.model_copy(update={"warnings": ["cli"]})))
+    await gateway.transition("run-1", "a", noted("undoing", lambda e: e.model_copy(update={"warnings": [*e.warnings, "gw"]})))
     assert FileStore(tmp_path).get_sync("run-1", "a").warnings == ["cli", "gw"]  # type: ignore[union-attr]

@@ -16,6 +16,7 @@ import pytest
 
 from unwind.ledger.entry import Entry, Times
 from unwind.ledger.filestore import FileLocks, FileStore, LedgerDirError
+from unwind.ledger.lifecycle import Expect, Write
 from unwind.ledger.store import Holder, StoreUnavailable
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -49,8 +50,8 @@ def test_a_symlink_planted_as_a_runs_journal_cannot_make_the_ledger_truncate_wha
     journal.unlink(missing_ok=True)
     journal.symlink_to(outside)
     with pytest.raises(StoreUnavailable, match="is a symbolic link"):
-        FileStore(folder).update_sync("run-1", "e1",
-                                      lambda e: e.model_copy(update={"state": "succeeded"}))
+        FileStore(folder).transition_sync("run-1", "e1", Write(
+            "gateway", Expect("pending"), lambda e: e.model_copy(update={"state": "succeeded"})))
     gateway = FileStore(folder)  # the gateway's path: appends, from the event loop or a thread
     with pytest.raises(StoreUnavailable, match="is a symbolic link"):
         asyncio.run(gateway.create("run-1", entry("e2")))

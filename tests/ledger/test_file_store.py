@@ -11,6 +11,7 @@ import pytest
 
 from unwind.ledger.entry import Entry, Times
 from unwind.ledger.filestore import FileLocks, FileStore, LedgerDirError
+from unwind.ledger.lifecycle import Expect, Write
 from unwind.ledger.store import EntryExists, Holder, NotOwner, RunFull, Stale, StoreUnavailable
 
 
@@ -44,15 +45,14 @@ def test_creating_an_entry_twice_names_the_one_already_there(tmp_path: Path) -> 
 def test_an_update_applies_its_change_and_a_stale_change_writes_nothing(tmp_path: Path) -> None:
     store = FileStore(tmp_path)
     store.create_sync("run-1", entry("e1"))
-    store.update_sync("run-1", "e1", lambda e: e.model_copy(update={"state": "succeeded"}))
+    store.transition_sync("run-1", "e1", Write("gateway", Expect("pending"),
+                                              lambda e: e.model_copy(update={"state": "succeeded"})))
 
-    def only_pending(e: Entry) -> Entry:
-        if e.state != "pending":
-            raise Stale(e.state)
+    def failed(e: Entry) -> Entry:
         return e.model_copy(update={"state": "failed"})
 
-    with pytest.raises(Stale):
-        store.update_sync("run-1", "e1", only_pending)
+    with pytest.raises(Stale):  # the gateway read it pending: a compare-and-set (lifecycle)
+        store.transition_sync("run-1", "e1", Write("gateway", Expect("pending"), failed))
     assert FileStore(tmp_path).get_sync("run-1", "e1").state == "succeeded"  # type: ignore[union-attr]
 
 
@@ -67,7 +67,8 @@ def test_a_full_page_continues_in_a_linked_page(tmp_path: Path) -> None:
     fresh = FileStore(tmp_path, page_bytes=600)
     assert [e.seq for e in fresh.entries_sync("run-1")] == [1, 2, 3, 4]
     assert fresh.get_sync("run-1", "e3") is not None
-    store.update_sync("run-1", "e0", lambda e: e.model_copy(update={"state": "succeeded"}))
+    store.transition_sync("run-1", "e0", Write("gateway", Expect("pending"),
+                                              lambda e: e.model_copy(update={"state": "succeeded"})))
     assert fresh.get_sync("run-1", "e0").state == "succeeded"  # type: ignore[union-attr]
 
 
@@ -127,7 +128,8 @@ def test_a_run_takes_entries_only_of_the_actor_whose_entry_created_it(tmp_path: 
         FileStore(tmp_path).create_sync("run-1", intruder)
     assert caught.value.owner == "me"
     with pytest.raises(NotOwner):
-        store.update_sync("run-1", "e1", lambda e: e.model_copy(update={"actor": "someone-else"}))
+        store.transition_sync("run-1", "e1", Write("gateway", Expect("pending"), lambda e: e.model_copy(
+            update={"state": "succeeded", "actor": "someone-else"})))
     assert [e.actor for e in store.entries_sync("run-1")] == ["me"] * 4
 
 

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from tests.lifecycle_paths import store_entry
 from unwind.ledger.entry import (
     ApprovalDecision,
     ApprovalRulesRecord,
@@ -30,12 +31,12 @@ def ledger(tmp_path: Path) -> Path:
         rules=ApprovalRulesRecord(roles=["finance"], quorum=1), identities="self-declared",
         state="approved", decisions=[ApprovalDecision(name="d1", user="alice", groups=["finance"],
                                                       decision="approve", created=AT)])
-    store.create_sync("run-1", Entry(id="pay-1", tool="stripe.create_charge", actor="agent",
+    store_entry(store, "run-1", Entry(id="pay-1", tool="stripe.create_charge", actor="agent",
                                      state="undone", approval=approval,
                                      handle=Handle(result={"id": "ch_1"}), times=Times(requested=AT),
                                      undo={"action": "compensate", "outcome": "undone",
                                            "idempotency_key": "unwind-compensate-1"}))
-    store.create_sync("run-1", Entry(id="c-1", tool="github.create_comment", actor="agent",
+    store_entry(store, "run-1", Entry(id="c-1", tool="github.create_comment", actor="agent",
                                      state="succeeded", times=Times(requested=AT)))
     (tmp_path / "ledger" / "run-1.rollback.json").write_text(json.dumps(
         {"ledger": "run-1", "rollbacks": [{"by": "bob", "plan": {"ledger": "run-1", "steps": []}}]}))

@@ -118,11 +118,14 @@ def test_a_run_of_a_charge_a_comment_an_issue_and_a_staged_release_is_planned_an
     assert undo["verification"] == {"tool": "github.get_comment", "attempts": 1, "matched": True}
     assert undo["idempotency_key"] == undos[2]["idempotency_key"]
 
-    # The comment's key is free again: its lock file is gone, and the same comment posts.
+    # The comment's key is free again: its lock file is gone. The run itself stays closed to
+    # new calls (the rollback fenced it): the same comment there is refused, naming the rollback.
     name = lock_name("run", run=run_name, actor="agent", tool="github.create_comment",
                      key="comment-octo/hello-7-c1")
     assert not (gateway.ledger / ".locks" / f"{name}.key").exists()
-    assert gateway.call("github.create_comment", COMMENT, run=run_name, key="c-2").status_code == 200
+    again = gateway.call("github.create_comment", COMMENT, run=run_name, key="c-2")
+    assert again.status_code == 409 and again.json()["error"]["code"] == "rolled_back"
+    assert f"run {run_name} is being rolled back" in again.json()["error"]["message"]
 
     frozen = json.loads((gateway.ledger / f"{run_name}.rollback.json").read_text())
     assert frozen["rollbacks"][0]["plan"] == plan.json() and frozen["rollbacks"][0]["ok"] is True

@@ -314,3 +314,33 @@ def test_the_step_key_is_the_same_for_one_step_and_differs_between_steps() -> No
     assert key == step_key("run-1", "e1", "compensate") and key.startswith("unwind-compensate-")
     assert len({key, step_key("run-2", "e1", "compensate"), step_key("run-1", "e2", "compensate"),
                 step_key("run-1", "e1", "inverse")}) == 4
+
+
+def test_a_pending_entry_whose_key_an_uncertain_entry_holds_is_skipped() -> None:
+    # the answer of "sent" was lost; the agent's repeat was refused as a duplicate, and the
+    # refusal lost: both lookups would find the one charge
+    sent = entry("sent", "charge", 1, "uncertain", key="c-o1")
+    repeat = entry("repeat", "charge", 2, "pending", key="c-o1")
+    assert plan([sent, repeat]) == [("sent", "lookup"), ("repeat", "skip")]
+    assert "entry sent held its idempotency key 'c-o1' (uncertain)" in step([sent, repeat], "repeat")["reason"]
+
+
+def test_the_holder_of_a_pending_entrys_key_lock_in_any_run_decides_whether_it_may_have_run() -> None:
+    from unwind.ledger.store import Holder
+
+    pending = entry("b-1", "charge", 2, "pending", key="c-o1", scope="global")
+
+    def action(holders: dict[str, Holder | None]) -> tuple[str, str]:
+        p = make_plan("run-1", [pending], VERSIONS, now=NOW, holders=holders)
+        return p.steps[0].action, p.steps[0].reason
+    assert action({"b-1": Holder("run-1", "b-1", "2026-03-01T10:02:00.000Z")})[0] == "lookup"
+    act, why = action({"b-1": Holder("run-a", "a-1", "2026-03-01T10:01:00.000Z")})
+    assert act == "skip" and why.startswith("entry a-1 of run run-a holds its idempotency key 'c-o1'")
+    act, why = action({"b-1": None})
+    assert act == "skip" and why.startswith("no lock holds its idempotency key 'c-o1'")
+    # the lock names it even though another entry of the ledger kept the same key: it may
+    # have run (the lock, not the ledger, says who held the key)
+    other = entry("won", "charge", 1, key="c-o1", scope="global", result={"id": "ch_1"})
+    p = make_plan("run-1", [other, pending], VERSIONS, now=NOW,
+                  holders={"b-1": Holder("run-1", "b-1", "2026-03-01T10:02:00.000Z")})
+    assert dict((s.entry, s.action) for s in p.steps)["b-1"] == "lookup"

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.lifecycle_paths import store_entry
 from unwind.ledger.entry import Entry, Times
 from unwind.ledger.filestore import FileStore
 from unwind.manifest.canonical import checksum
@@ -18,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def filled(folder: Path, n: int) -> Path:
     store = FileStore(folder, page_bytes=2000)  # small pages: a run of several pages
     for i in range(n):
-        store.create_sync("run-1", Entry(id=f"e-{i}", tool="github.create_issue", actor="agent",
+        store_entry(store, "run-1", Entry(id=f"e-{i}", tool="github.create_issue", actor="agent",
                                          state="succeeded", times=Times(requested="2026-03-01T10:00:00.000Z")))
     return folder / "run-1.json"
 

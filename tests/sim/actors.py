@@ -8,15 +8,16 @@ adapted here and nowhere else:
   ``FileStore`` and ``FileLocks`` on the shared folder, as a second ``unwind gateway`` on
   one laptop) or the cluster store (``ClusterStore`` and ``LeaseLocks`` through the fake
   API server), called with ``CallRequest``s; killed and restarted with empty memory;
-- ``approve``: ``unwind approve --ledger`` (``FileStore.update_sync``) or the operator
-  writing an Approval's decision (``ClusterStore.update``), both with
-  ``decide.add_decision``;
+- ``approve``: ``unwind approve --ledger`` (``FileStore.transition_sync``) or the operator
+  writing an Approval's decision (``ClusterStore.transition``), both with
+  ``decide.add_decision`` (the approver's lifecycle write);
 - ``local_rollback``: ``unwind rollback --ledger`` (``undo.local.plan_local`` and
   ``execute``) as its own process;
 - ``Operator``: the operator's rollback and lost-answer loop, ``jobs.py``'s gather,
-  decide, write: ``operator.rollback.decide`` on what it reads, its changes applied to
-  the pages and written back on the resourceVersion read (a conflict ends the pass),
-  then the Jobs created; the Jobs run ``undo.runner.run_step`` (a pod each, one more pod
+  decide, write: ``operator.rollback.decide`` on what it reads (with the holders of the
+  pending entries' key Leases), its changes and its fence applied to the pages and
+  written back on the resourceVersion read (a conflict ends the pass), then the Jobs
+  created; the Jobs run ``undo.runner.run_step`` (a pod each, one more pod
   when it fails, as ``backoffLimit: 1``) and end with its result as their message.
 """
 
@@ -31,11 +32,12 @@ from typing import Any
 from unwind import API_GROUP, API_VERSION
 from unwind.api.crd import storable_status
 from unwind.gateway.enforce import CallRequest, CallResult, Gateway, Settings
-from unwind.ledger.clusterstore import ClusterStore, LeaseLocks
+from unwind.ledger.clusterstore import ClusterStore, LeaseLocks, lease_holder, lease_name
 from unwind.ledger.decide import add_decision
 from unwind.ledger.entry import ApprovalDecision, Entry, parse_stamp, stamp
 from unwind.ledger.filestore import FileLocks
 from unwind.ledger.plan import Selection
+from unwind.ledger.rollback_rules import keyed_pending
 from unwind.ledger.store import EntryMissing, Holder, Stale, StoreUnavailable
 from unwind.operator.jobs import _apply, _entries_of
 from unwind.operator.rollback import Context, JobView, LedgerView, decide
@@ -123,9 +125,9 @@ async def approve(world: World, run: str, entry_id: str, n: int) -> None:
     change = add_decision(run, made, moment)
     try:
         if world.kind == "file":
-            entry = world.file_store().update_sync(run, entry_id, change)
+            entry = world.file_store().transition_sync(run, entry_id, change)
         else:
-            entry = await ClusterStore(SimApi(world), NS).update(run, entry_id, change)
+            entry = await ClusterStore(SimApi(world), NS).transition(run, entry_id, change)
     except (EntryMissing, Stale, StoreUnavailable) as exc:
         world.trace(f"approve {run}/{entry_id}: {exc}")
         return
@@ -209,22 +211,31 @@ class Operator:
         first = pages[0]
         spec, status_ = first.get("spec") or {}, first.get("status") or {}
         rb = status_.get("rollback")
-        busy = bool((spec.get("rollback") or {}).get("requested")) or (rb is not None and not rb.get("finished"))
+        requested = bool((spec.get("rollback") or {}).get("requested"))
+        busy = requested or (rb is not None and not rb.get("finished"))
         entries = [Entry.model_validate(e) for p in pages for e in _entries_of(p)]
-        if not busy and not any(e.state == "uncertain" for e in entries):
+        fenced = sum(1 for p in pages if (p.get("status") or {}).get("fence"))
+        if not busy and not fenced and not any(e.state == "uncertain" for e in entries):
             return
         meta = first["metadata"]
+        holders = await lease_holders(api, run, entries) if requested else None
         view = LedgerView(meta["name"], meta["uid"], run, int(meta.get("generation") or 1),
                           spec.get("rollback"), rb, list(status_.get("conditions") or []), entries,
-                          None, live=status_.get("live"))
+                          None, live=status_.get("live"), pages=len(pages), fenced_pages=fenced,
+                          holders=holders)
         ctx = Context(NS, w.now(), "sim/unwind:test", parallelism=2, lookup_every=5.0)
         d = decide(view, lambda: w.versions, job_views(w), {}, ctx)
         for page in reversed(pages):  # jobs.RollbackWorker._write: the first page last
             is_first = page is first
             written, changed = _apply(_entries_of(page), d.changes)
-            if not changed and not (is_first and d.status):
-                continue
             new = dict(page.get("status") or {})
+            fencing = (d.fence is not None and not new.get("fence")) or (d.lift_fence and "fence" in new)
+            if not changed and not (is_first and d.status) and not fencing:
+                continue
+            if d.fence is not None and not new.get("fence"):
+                new["fence"] = d.fence
+            elif d.lift_fence:
+                new.pop("fence", None)
             new["entries"] = written
             if written:
                 new["lastState"] = written[-1].get("state")
@@ -241,6 +252,21 @@ class Operator:
             create_job(w, body)
         for job in d.delete_jobs:
             w.jobs.pop(job, None)
+
+
+async def lease_holders(api: SimApi, run: str, entries: list[Entry]) -> dict[str, Holder | None] | None:
+    """Who holds each keyed pending entry's key (operator/jobs.py: RollbackWorker.holders)."""
+    out: dict[str, Holder | None] = {}
+    for entry_id, name in keyed_pending(run, entries).items():
+        status, obj = await api.request(
+            "GET", f"/apis/coordination.k8s.io/v1/namespaces/{NS}/leases/{lease_name(name)}")
+        if status == 404:
+            out[entry_id] = None
+        elif status == 200:
+            out[entry_id] = lease_holder(obj)
+        else:
+            return None
+    return out
 
 
 def job_views(world: World) -> dict[str, JobView]:

@@ -1,9 +1,14 @@
 """The exactly-once protocol under a seeded simulation (issue 26, item 5; docs/rollback.md,
 "What Unwind guarantees, and under which faults").
 
-The thousand seeds and the four scenarios fail on today's code, each for a known bug of
-issue 26: they are strict xfails, so the run stays green and an xfail that starts passing
-(the state machine landed) fails the run until its mark is removed. ``UNWIND_SIM_SEED=N``
+The thousand seeds and the four scenarios failed on the code before the entry lifecycle
+(issue 26, items 1-4), each for a known bug: (1) a rollback during a call overwritten by
+the call's outcome, (2) two approved repeats of one key both running, (3) a slow capture
+losing its key lock, (5) one effect undone twice through the plan's skip rule; and two the
+simulation found: an uncertain irreversible entry never looked up (stuck, its key held for
+good: seed 6), and one Idempotency-Key repeated during a slow write-ahead running on the
+first's lock, which the first then released (seed 624). They pass now, and keep it so.
+``UNWIND_SIM_SEED=N``
 runs only seed N; ``UNWIND_SIM_SEEDS=N`` runs N seeds instead of 1000.
 """
 
@@ -18,13 +23,6 @@ from tests.sim import actors
 from tests.sim.__main__ import report
 from tests.sim.run import Driver, Intent, run
 from tests.sim.world import Script
-
-KNOWN_BUGS = ("issue 26: (1) a rollback during a call is overwritten by the call's outcome, "
-              "(2) two approved repeats of one key both run, (3) a slow capture loses its key "
-              "lock, (5) one effect undone twice through the plan's skip rule; and two the "
-              "simulation found: an uncertain irreversible entry is never looked up (stuck, "
-              "its key held for good: seed 6), and one Idempotency-Key repeated during a slow "
-              "write-ahead runs on the first's lock, which the first then releases (seed 624)")
 
 
 def test_a_seed_replays_exactly() -> None:
@@ -57,7 +55,6 @@ def test_calls_without_faults_or_concurrency_keep_every_invariant(kind: str) -> 
     assert sum("upstream pay.refund" in line for line in result.trace) == 1  # the final rollback
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=KNOWN_BUGS)
 def test_a_thousand_seeds_keep_every_invariant() -> None:
     only = os.environ.get("UNWIND_SIM_SEED")
     for seed in [int(only)] if only else range(int(os.environ.get("UNWIND_SIM_SEEDS", "1000"))):
@@ -76,8 +73,6 @@ async def _rollback_during_a_call(d: Driver) -> None:
     await asyncio.sleep(10)
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="issue 26 (1): the lookup finds "
-                   "nothing yet, frees the key, and the call's outcome write says succeeded")
 def test_a_rollback_during_a_call_is_not_overwritten_by_the_calls_outcome() -> None:
     result = run(1, kind="file", body=_rollback_during_a_call,
                  script=Script(upstream={"pay.charge": (5.0, 1.0)}))
@@ -99,8 +94,6 @@ async def _approved_repeats(d: Driver) -> None:
     await asyncio.sleep(20)
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="issue 26 (2): the second repeat "
-                   "breaks the first's lock, whose entry still reads awaiting_approval")
 def test_two_approved_repeats_of_one_key_run_once() -> None:
     result = run(1, kind="file", body=_approved_repeats)
     assert result.ok, report(result)
@@ -115,8 +108,6 @@ async def _slow_capture(d: Driver) -> None:
     await asyncio.sleep(80)
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="issue 26 (3): a lock older than "
-                   "lock_grace whose entry is not written yet is broken as stale")
 def test_a_slow_capture_keeps_its_key_lock() -> None:
     result = run(1, kind="file", body=_slow_capture,
                  script=Script(upstream={"cfg.read": (35.0, 0.5)}))
@@ -136,8 +127,6 @@ async def _killed_duplicate(d: Driver) -> None:
     await w.loop.spawn("rollback.2", actors.local_rollback(w, "run-a", "rollback.2"))
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="issue 26 (5): run B's pending "
-                   "entry is looked up by its key, finds run A's charge, and both refund it")
 def test_one_effect_is_undone_once_when_a_killed_duplicates_entry_is_rolled_back() -> None:
     result = run(1, kind="file", body=_killed_duplicate,
                  script=Script(store={"update run-b/e2": 30.0}))

@@ -28,7 +28,8 @@ from typing import Any
 from tests.fake_apiserver import FakeApiServer
 from unwind.ledger.entry import Entry
 from unwind.ledger.filestore import FileStore
-from unwind.ledger.store import Change, StoreUnavailable
+from unwind.ledger.lifecycle import AnyWrite
+from unwind.ledger.store import StoreUnavailable
 from unwind.upstream.client import Prepared
 
 from .loop import SimLoop
@@ -175,9 +176,9 @@ class FaultyStore:
         await self._fault(f"create {run}/{entry.id}")
         return await self.inner.create(run, entry, max_entries=max_entries)
 
-    async def update(self, run: str, entry_id: str, change: Change) -> Entry:
+    async def transition(self, run: str, entry_id: str, write: AnyWrite) -> Entry:
         await self._fault(f"update {run}/{entry_id}")
-        return await self.inner.update(run, entry_id, change)
+        return await self.inner.transition(run, entry_id, write)
 
     async def entries(self, run: str) -> list[Entry]:
         return await self.inner.entries(run)

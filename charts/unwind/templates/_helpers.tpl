@@ -112,4 +112,9 @@ in each watched namespace's Role.
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["get", "list"]
+# The rollback's planner reads who holds a pending entry's idempotency key (the gateways'
+# Leases unwind-key-<hash>): a call that never held it never ran (operator/jobs.py: holders).
+- apiGroups: ["coordination.k8s.io"]
+  resources: ["leases"]
+  verbs: ["get"]
 {{- end }}

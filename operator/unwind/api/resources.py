@@ -14,6 +14,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ..ledger.entry import Entry
+from ..ledger.fence import Fence
 from ..manifest.model import ToolManifest
 from .conditions import Condition
 
@@ -149,6 +150,7 @@ class LedgerStatus(_Status):
     observedGeneration: int | None = None
     conditions: list[Condition] = Field(default_factory=list, description="On a run's first page: RollbackPlanned, RolledBack, Degraded, RetentionExpired (reasons: docs/rollback.md).")
     rollback: RollbackStatus | None = Field(None, description="On a run's first page: the rollback the operator runs (docs/rollback.md).")
+    fence: Fence | None = Field(None, description="A rollback closed the run to new calls (on every page, written before the rollback plans; docs/rollback.md).")
 
 
 class ApprovalTarget(_Status):

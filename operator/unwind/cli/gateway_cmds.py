@@ -288,7 +288,7 @@ def cmd_local_decide(args: argparse.Namespace) -> int:
                             groups=list(args.group or []), decision=decision,
                             reason=args.reason or "", created=stamp())
     try:
-        entry = store.update_sync(run, args.entry, add_decision(run, made, now()))
+        entry = store.transition_sync(run, args.entry, add_decision(run, made, now()))
     except (EntryMissing, Stale, StoreUnavailable) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

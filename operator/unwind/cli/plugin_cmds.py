@@ -372,13 +372,31 @@ def _ledger_plan(k: Kubectl, target: Target, args: argparse.Namespace) -> tuple[
                                          k.items("controllerrevisions", "-l", view.OWNER_LABEL),
                                          current=bool(getattr(args, "current", False)))
         plan = make_plan(snap.name, snap.entries, versions, now=parse_now(args),
-                         selection=parse_selection(args))
+                         selection=parse_selection(args), holders=_lease_holders(k, snap.run, snap.entries))
     except (SourceError, PlanError, ValueError) as exc:
         raise Refusal(str(exc)) from None
     return first, plan
 
 
 RESOURCE_LEDGERS = f"effectledgers.{API_GROUP}"
+
+
+def _lease_holders(k: Kubectl, run: str, entries: list[Any]) -> dict[str, Any] | None:
+    """Who holds the key of each keyed pending entry (the gateways' Leases), as the
+    operator's planner reads them; None when they cannot be read (the planner then asks the
+    ledger alone)."""
+    from ..ledger.clusterstore import lease_holder, lease_name
+    from ..ledger.rollback_rules import keyed_pending
+
+    out: dict[str, Any] = {}
+    for entry_id, name in keyed_pending(run, entries).items():
+        try:
+            out[entry_id] = lease_holder(k.json("get", "lease", lease_name(name)))
+        except KubectlError as exc:
+            if exc.reason != "NotFound":
+                return None
+            out[entry_id] = None
+    return out
 
 
 @_guarded()
@@ -420,8 +438,13 @@ def _watch_rollback(k: Kubectl, target: Target, generation: int, timeout: float)
     deadline = time.monotonic() + timeout
     seen: dict[int, str] = {}
     planned = False
+    waited: str | None = None
     while True:
         obj = _read(k, target)
+        waiting = view.waiting_line(obj, generation)
+        if waiting is not None and waiting != waited:  # fenced: the calls in flight first
+            print(waiting, flush=True)
+            waited = waiting
         rb = view.status(obj).get("rollback")
         if isinstance(rb, Mapping) and int(rb.get("generation") or 0) >= generation:
             if not planned:

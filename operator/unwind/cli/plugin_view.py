@@ -503,6 +503,16 @@ def planned_line(rollback: Mapping[str, Any]) -> str:
             f"{rollback.get('skipped') or 0} with nothing to undo" + (f"; {who}" if who else ""))
 
 
+def waiting_line(obj: Mapping[str, Any], generation: int) -> str | None:
+    """While the operator waits for the run's calls in flight (the run fenced, nothing
+    planned yet): what it waits for, from the RollbackPlanned condition."""
+    planned = conditions(obj).get("RollbackPlanned", {})
+    if planned.get("reason") != "WaitingForCalls" or \
+            int(planned.get("observedGeneration") or 0) < generation:
+        return None
+    return f"waiting: {planned.get('message')}"
+
+
 def step_lines(seen: dict[int, str], rollback: Mapping[str, Any]) -> list[str]:
     """A line for each step whose state changed since ``seen`` (updated in place), as
     `kubectl rollout status` prints progress."""

@@ -79,11 +79,30 @@ def _plan_file(args: argparse.Namespace) -> int:
         snap = read_ledger_file(args.ledger)
         versions = load_versions(args.manifests, args.versions or (), current=args.current)
         selection, moment = parse_selection(args), parse_now(args)
-        plan = make_plan(snap.name, snap.entries, versions, now=moment, selection=selection)
+        plan = make_plan(snap.name, snap.entries, versions, now=moment, selection=selection,
+                         holders=folder_holders(Path(args.ledger).parent, snap.run, snap.entries))
     except (SourceError, PlanError, ValueError) as exc:
         return fail(args, "plan", str(exc))
     show_plan(plan, output_format(args))
     return 0
+
+
+def folder_holders(folder: Path, run: str, entries: list[Any]) -> dict[str, Any] | None:
+    """Who holds the key of each keyed pending entry, from the lock files beside the ledger
+    (as the local rollback reads them); None for a saved file with no lock folder beside it
+    (the planner then asks the ledger alone)."""
+    from ..ledger.filestore import FileLocks
+    from ..ledger.ledger_dir import LOCKS
+    from ..ledger.rollback_rules import keyed_pending
+
+    wanted = keyed_pending(run, entries)
+    if not wanted or not (folder / LOCKS).is_dir():
+        return None
+    try:
+        locks = FileLocks(folder)
+    except OSError:
+        return None
+    return {entry_id: locks.peek_sync(name) for entry_id, name in wanted.items()}
 
 
 def _rollback_file(args: argparse.Namespace) -> int:
@@ -126,7 +145,7 @@ def _rollback_file(args: argparse.Namespace) -> int:
     try:
         summary = asyncio.run(execute(ledger, plan, versions, selection, by=by,
                                       secrets=LocalSecrets(args.secrets_dir), report=report,
-                                      moment=moment))
+                                      moment=moment, say=lambda text: print(text, flush=True)))
     except (SourceError, PlanError, StoreUnavailable) as exc:
         return fail(args, "rollback", str(exc))
     if summary.stopped is not None:

@@ -1,7 +1,8 @@
 """A demo agent: makes tool calls through its pod's gateway sidecar and says what each did.
 
 ``python -m unwind.controlplane.demo_agent`` reads the calls from ``$UNWIND_DEMO_CALLS``, a
-JSON list of ``{"tool": str, "arguments": {...}, "key": str?, "stage": bool?}``, waits for
+JSON list of ``{"tool": str, "arguments": {...}, "key": str?, "stage": bool?, "pause":
+seconds?}`` (``pause``: wait that long before the call, as an agent thinking), waits for
 the gateway on ``$UNWIND_GATEWAY`` (default http://127.0.0.1:8787, where the injection puts
 it) to be ready, makes each call in order (REST: ``POST /call/TOOL``), and prints one line
 per call: the tool, the HTTP status, the effect class, the ledger entry and how to undo it.
@@ -106,6 +107,7 @@ def run_calls(base: str) -> int:
         return 3
     patience = float(os.environ.get("UNWIND_DEMO_APPROVAL_WAIT", "900"))
     for spec in calls:
+        time.sleep(float(spec.get("pause") or 0))
         status, report, body = call(base, spec)
         print(describe(spec["tool"], status, report, body), flush=True)
         deadline = time.monotonic() + patience

@@ -20,30 +20,17 @@ is free again; a call whose outcome is unknown keeps it (the safe side).
 
 from __future__ import annotations
 
-import asyncio
 import difflib
-import hashlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
-from datetime import datetime, timedelta
-from typing import Any, Literal, TypeVar
+from datetime import datetime
+from typing import Any, TypeVar
 
 from ..ledger import decide
 from ..ledger.approvals import ApprovalRules
-from ..ledger.entry import (
-    REUSABLE,
-    Attempt,
-    Entry,
-    EntryError,
-    Handle,
-    Staged,
-    Times,
-    now,
-    parse_stamp,
-    stamp,
-)
+from ..ledger.entry import Attempt, Entry, EntryError, Handle, Staged, Times, now, stamp
+from ..ledger.fence import Fenced
 from ..ledger.handle import (
     HandleError,
     build_handle,
@@ -53,6 +40,7 @@ from ..ledger.handle import (
     secret_texts,
     staged_handle,
 )
+from ..ledger.lifecycle import REUSABLE, Expect, TransitionRefused, Write
 from ..ledger.report import Outcome, effect_report
 from ..ledger.store import (
     EntryExists,
@@ -64,20 +52,21 @@ from ..ledger.store import (
     Stale,
     Store,
     StoreUnavailable,
-    lock_name,
     probe,
 )
 from ..ledger.ulid import new_ulid
-from ..manifest.canonical import canonical_json
 from ..manifest.keys import KeyRenderError, render_key
 from ..manifest.lint import schema_hash_of
 from ..manifest.model import Effect, ToolManifest
 from ..manifest.refs import resolve_map
-from ..upstream.client import Answer, McpContent, Prepared, Upstream, prepare
+from ..upstream.client import Answer, Prepared, Upstream, prepare
 from ..upstream.errors import Refusal, upstream_refusal
 from ..upstream.secrets import Secrets
+from .callstate import Call, CallRequest, CallResult, Settings
 from .catalogue import Catalogue
+from .keylocks import KeyHolding
 from .metrics import UNKNOWN_TOOL, Metrics
+from .runlimit import RunLimit
 
 log = logging.getLogger("unwind.gateway")
 T = TypeVar("T")
@@ -91,71 +80,11 @@ class _Reread(Exception):
     entry under it that a fresh read could have let run: the call is decided again."""
 
 
-@dataclass(frozen=True)
-class CallRequest:
-    tool: str
-    arguments: dict[str, Any]
-    run: str
-    entry_id: str
-    stage: bool = False
-    dry_run: bool = False
+_Call = Call
+__all__ = ["CallRequest", "CallResult", "Gateway", "Settings"]
 
 
-@dataclass
-class CallResult:
-    status: int
-    body: Any
-    report: dict[str, Any] | None = None
-    entry: str | None = None
-    content: McpContent | None = None  # an MCP upstream's result as sent (mcp_server.py)
-
-
-@dataclass(frozen=True)
-class Settings:
-    scopes: frozenset[str]
-    actor: str
-    identities: Literal["kubernetes", "self-declared"] = "self-declared"
-    # A key lock whose entry is not stored yet stands this long: its writer is between
-    # taking the lock and writing ahead. Only a crash leaves one longer.
-    lock_grace: timedelta = timedelta(seconds=30)
-    # What one agent may create (docs/gateway.md, "Limits"): distinct runs this gateway
-    # writes per window, and entries per run. None or 0: no limit.
-    max_runs: int | None = 1000
-    runs_window: timedelta = timedelta(hours=1)
-    max_entries: int | None = 10_000
-
-
-@dataclass
-class _Call:
-    """What one call has established so far (for its report and its refusal record)."""
-
-    req: CallRequest
-    m: ToolManifest | None = None
-    checksum: str | None = None
-    version: int | None = None
-    key: str | None = None
-    key_sent: str | None = None
-    secrets: list[str] = field(default_factory=list)
-    warnings: list[str] = field(default_factory=list)
-    existing: Entry | None = None
-    record: bool = True  # whether a refusal is recorded as an entry
-    before: Any = None  # the capture's answer (None: no capture ran)
-    fresh: bool = False  # read the Idempotency-Key's entry, never answer it from a cache
-    probed: bool = False  # "no such entry" came from the store's copy of the run (probe)
-
-    def digest(self) -> str:
-        return "sha256:" + hashlib.sha256(canonical_json(self.req.arguments)).hexdigest()
-
-
-def _span(window: timedelta) -> str:
-    seconds = int(window.total_seconds())
-    for unit, size in (("h", 3600), ("m", 60)):
-        if seconds >= size and seconds % size == 0:
-            return f"{seconds // size}{unit}"
-    return f"{seconds}s"
-
-
-class Gateway:
+class Gateway(KeyHolding):
     def __init__(self, catalogue: Catalogue, store: Store, locks: Locks, upstream: Upstream,
                  secrets: Secrets, settings: Settings, metrics: Metrics | None = None,
                  clock: Callable[[], datetime] = now) -> None:
@@ -164,7 +93,7 @@ class Gateway:
         self.metrics = metrics or Metrics()
         self.clock = clock
         self._own_runs: set[str] = set()  # runs whose ledger records this actor as owner
-        self._runs_used: dict[str, datetime] = {}  # run -> first write in the current window
+        self.runs = RunLimit(settings.max_runs, settings.runs_window, clock)
 
     # ---- the entry point ----
 
@@ -233,22 +162,23 @@ class Gateway:
                        f"acts as {self.settings.actor}: a gateway writes (and reads) only its own "
                        "runs; send another X-Unwind-Run")
 
-    def _room_for_run(self, c: _Call) -> None:
+    async def _room_for_run(self, c: _Call) -> bool:
         """At most ``max_runs`` distinct runs written per window by this gateway: 2000 run
-        names must not make 2000 ledgers."""
-        limit, run = self.settings.max_runs, c.req.run
-        if not limit or run in self._runs_used:
-            return
-        moment = self.clock()
-        since = moment - self.settings.runs_window
-        for name, first in list(self._runs_used.items()):
-            if first <= since:
-                del self._runs_used[name]
-        if len(self._runs_used) >= limit:
+        names must not make 2000 ledgers (runlimit.py). True: this call reserved the run,
+        and gives it back if its create fails."""
+        run = c.req.run
+        if self.runs.known(run):
+            return False
+        counted = getattr(self.store, "runs_created", None)
+        await self.runs.seed(None if counted is None else
+                             lambda since: counted(self.settings.actor, since))
+        if self.runs.known(run):
+            return False
+        why = self.runs.reserve(run)
+        if why is not None:
             c.record = False
-            raise Refusal("rate_limited", f"this gateway wrote {limit} runs in the last "
-                          f"{_span(self.settings.runs_window)}, the most it may (--max-runs): "
-                          "write into a run in use, or try again later")
+            raise Refusal("rate_limited", why)
+        return True
 
     async def read_entry(self, run: str, entry_id: str) -> Entry | None:
         """``GET /calls/<run>/<entry>``: the same ownership rule as writes, so one agent's
@@ -300,30 +230,29 @@ class Gateway:
         approved = c.existing is not None and c.existing.state == "awaiting_approval"
         rules = None if req.stage else ApprovalRules.from_manifest(m)
         # A keyed call with no approval and no capture sends its key's lock and its pending
-        # entry together (_take_key_writing_ahead); one with a capture takes the lock first.
-        # Only a call about to wait for approval asks who holds its key before: a duplicate
-        # is refused without an awaiting entry (taking the lock answers the same for others).
+        # entry together (_take_key_writing_ahead); one with a capture, or one that will
+        # wait for approval, takes the lock first (keylocks.py): an awaiting entry holds
+        # its key, so a duplicate never waits for a human.
         together = (c.key is not None and not req.stage and rules is None and not approved
                     and m.capture is None)
-        if c.key is not None and rules is not None and not approved:
-            standing = await self._standing(c)
-            if standing is not None:
-                raise standing
         if rules is not None and not approved and self.catalogue.observe:
             self._observed(c, Refusal("approval_required", f"{m.tool} needs approval"))
         elif rules is not None and not approved:
             return await self._await_approval(c, rules)
         prepared = prepare(call_m, args, self.secrets, self._key_headers(c))
+        c.deadline = self._call_deadline(prepared)
         if together:
-            taken, entry = await self._take_key_writing_ahead(c)
+            taken, entry = await self._take_key_writing_ahead(c, prepared)
             return await self._run(c, entry, prepared, taken)
-        holder = await self._take_key(c)
+        holder = await self._take_key(c, prepared)
         try:
             await self._capture(c)
+            c.deadline = self._call_deadline(prepared)  # the capture took its time
             entry = await self._write_ahead(c)
         except BaseException:
             await self._release(c, holder)
             raise
+        await self._recheck_key(c, entry, holder)
         return await self._run(c, entry, prepared, holder)
 
     # ---- the checks ----
@@ -433,8 +362,8 @@ class Gateway:
             c.record = False  # the entry itself records the approval's course
             settled = decide.settle(req.run, existing, self.clock())
             if settled.state != existing.state:
-                settled = await self.ledger(self.store.update(
-                    req.run, existing.id, lambda e: decide.settle(req.run, e, self.clock())))
+                settled = await self.ledger(self.store.transition(
+                    req.run, existing.id, decide.settling(req.run, self.clock())))
             if settled.state == "denied":
                 message = settled.approval.message if settled.approval else "denied"
                 raise Refusal("denied", f"entry {existing.id} was denied: {message}",
@@ -449,114 +378,6 @@ class Gateway:
                       f"{req.run} already ({existing.tool}, {why}): a call runs once; use a new "
                       "key for a new call", {"entry": existing.id})
 
-    async def _standing(self, c: _Call, *, take: Holder | None = None,
-                        held: Holder | None = None) -> Refusal | None:
-        """Is the rendered key held by a call that still stands? With ``take``, also take
-        the lock (race-free: exactly one process creates it); ``held``: the holder a first
-        try at taking it answered."""
-        m = c.m
-        assert m is not None and m.idempotency is not None and c.key is not None
-        name = self._lock_name(c)
-        for attempt in range(3):
-            if held is not None and attempt == 0:
-                holder: Holder | None = held
-            else:
-                holder = (await self.ledger(self.locks.acquire(name, take)) if take
-                          else await self.ledger(self.locks.peek(name)))
-            if holder is None or (holder.run, holder.entry) == (c.req.run, c.req.entry_id):
-                return None
-            entry = (await self.ledger(self.store.get(holder.run, holder.entry))
-                     if holder.run else None)
-            if entry is None:
-                young = self.clock() - parse_stamp(holder.since) < self.settings.lock_grace
-                if young:
-                    return self._duplicate(c, holder.entry or "(being recorded)", holder.run)
-            elif entry.holds_key and entry.key == c.key:
-                return self._duplicate(c, entry.id, holder.run)
-            if not take:
-                return None  # stale: a real call would break it
-            await self.ledger(self.locks.break_stale(name, holder))
-        return Refusal("ledger_unavailable", f"could not take the lock of key {c.key!r}: it "
-                       "kept changing hands; try again")
-
-    def _duplicate(self, c: _Call, entry: str, run: str) -> Refusal:
-        assert c.m is not None and c.m.idempotency is not None
-        scope = c.m.idempotency.scope
-        return Refusal("duplicate", f"duplicate call: {c.m.tool} with idempotency key {c.key!r} "
-                       f"stands as entry {entry} of run {run} ({scope} scope); it is free again "
-                       "once that call fails or is undone", {"entry": entry, "run": run})
-
-    def _lock_name(self, c: _Call) -> str:
-        assert c.m is not None and c.m.idempotency is not None and c.key is not None
-        return lock_name(c.m.idempotency.scope, run=c.req.run, actor=self.settings.actor,
-                         tool=c.m.tool, key=c.key)
-
-    async def _take_key(self, c: _Call) -> Holder | None:
-        if c.key is None or c.req.stage:
-            return None
-        holder = Holder(c.req.run, c.req.entry_id, stamp(self.clock()))
-        refusal = await self._standing(c, take=holder)
-        if refusal is not None:
-            raise refusal
-        return holder
-
-    async def _take_key_writing_ahead(self, c: _Call) -> tuple[Holder, Entry]:
-        """Take the key's lock and store the ``pending`` entry at once: one round trip to the
-        ledger before the upstream instead of two. The upstream is called only when both
-        are done. A key a standing call holds (or a lock that cannot be read) turns the
-        pending entry just stored into ``refused`` with the refusal's code, and nothing is
-        called; a pending entry that cannot be stored gives the lock back."""
-        holder = Holder(c.req.run, c.req.entry_id, stamp(self.clock()))
-        taking = asyncio.ensure_future(self.ledger(self.locks.acquire(self._lock_name(c), holder)))
-        try:
-            entry = await self._write_ahead(c)
-        except BaseException:
-            try:
-                taken = await taking is None
-            except Exception:  # a refusal of its own: the lock was not taken
-                taken = False
-            if taken:
-                await self._release(c, holder)
-            raise
-        try:
-            other = await taking
-            refusal = None if other is None else await self._standing(c, take=holder, held=other)
-        except Refusal as exc:
-            refusal = exc
-        if refusal is not None:
-            await self._unrun(c, entry, refusal)
-            raise refusal
-        return holder, entry
-
-    async def _unrun(self, c: _Call, entry: Entry, refusal: Refusal) -> None:
-        """Record the refusal of a call whose pending entry is stored but whose key was not
-        taken: the entry becomes ``refused`` (as ``_record_refusal`` would have stored it).
-        If even that cannot be written, the entry stays pending, and its lookup finds that
-        nothing was sent under its id."""
-        c.record = False
-        error = EntryError(code=refusal.code, message=mask_text(refusal.message, c.secrets))
-        finished = stamp(self.clock())
-
-        def change(current: Entry) -> Entry:
-            if current.state != "pending":
-                raise Stale(current.state)
-            times = current.times.model_copy(update={"finished": finished})
-            return current.model_copy(update={"state": "refused", "error": error,
-                                              "handle": None, "times": times})
-        try:
-            await self.ledger(self.store.update(c.req.run, entry.id, change))
-        except Exception as exc:
-            log.error("entry %s of run %s stays pending (nothing was called): its refusal "
-                      "(%s) could not be recorded: %s", entry.id, c.req.run, refusal.code, exc)
-
-    async def _release(self, c: _Call, holder: Holder | None) -> None:
-        if holder is None:
-            return
-        try:
-            await self.locks.release(self._lock_name(c), holder)
-        except (StoreUnavailable, OSError) as exc:
-            log.error("could not release the key lock of entry %s: %s", holder.entry, exc)
-
     # ---- entries ----
 
     def _entry(self, c: _Call, state: Any, **fields: Any) -> Entry:
@@ -566,7 +387,8 @@ class Gateway:
             checksum=c.checksum, effect=str(m.effect) if m else None, key=c.key,
             scope=m.idempotency.scope if m and m.idempotency and c.key else None,
             actor=self.settings.actor, state=state, arguments_sha256=c.digest(),
-            warnings=list(c.warnings), times=Times(requested=stamp(self.clock())), **fields)
+            warnings=list(c.warnings), times=Times(requested=stamp(self.clock())),
+            deadline=stamp(c.deadline) if c.deadline and state == "pending" else None, **fields)
 
     async def _store_new(self, c: _Call, entry: Entry, *, reread: bool = False) -> Entry:
         """Create the entry, or turn the reusable (or approved) one it replaces into it.
@@ -574,30 +396,23 @@ class Gateway:
         (failed, refused, awaiting approval) raises _Reread, to decide the call afresh."""
         old = c.existing
         if old is None:
-            self._room_for_run(c)
+            reserved = await self._room_for_run(c)
             try:
                 stored = await self.ledger(self.store.create(
                     c.req.run, entry, max_entries=self.settings.max_entries or None))
-            except EntryExists as exc:
-                if reread and c.probed and not c.fresh and exc.entry.state in _MAY_RUN_AGAIN:
-                    raise _Reread from None
-                raise Refusal("duplicate", f"Idempotency-Key {entry.id} was just used by another "
-                              "call: a call runs once", {"entry": entry.id}) from None
-            except NotOwner as exc:
-                c.record = False
-                raise self._not_ours(c.req.run, exc.owner) from None
-            except RunFull as exc:
-                c.record = False
-                raise Refusal("rate_limited", f"run {c.req.run} holds {exc.limit} entries, the "
-                              "most one run may hold (--max-entries-per-run): start another "
-                              "run") from None
-            self._runs_used.setdefault(c.req.run, self.clock())
+            except BaseException as exc:
+                if reserved:  # no ledger was written for it here: the run does not count
+                    self.runs.give_back(c.req.run)
+                if isinstance(exc, EntryExists):
+                    if reread and c.probed and not c.fresh and exc.entry.state in _MAY_RUN_AGAIN:
+                        raise _Reread from None
+                    raise Refusal("duplicate", f"Idempotency-Key {entry.id} was just used by "
+                                  "another call: a call runs once", {"entry": entry.id}) from None
+                raise self._store_refusal(c, exc) from None
             self._own_runs.add(c.req.run)  # the create checked the owner: this actor
             return stored
 
         def change(current: Entry) -> Entry:
-            if current.state != old.state:
-                raise Stale(current.state)
             history = list(current.attempts)
             keep: dict[str, Any] = {"seq": current.seq, "attempts": history}
             if current.state in REUSABLE:
@@ -612,13 +427,29 @@ class Gateway:
                 keep["approval"] = current.approval
             return entry.model_copy(update=keep)
         try:
-            return await self.ledger(self.store.update(c.req.run, entry.id, change))
-        except NotOwner as exc:
-            c.record = False
-            raise self._not_ours(c.req.run, exc.owner) from None
+            return await self.ledger(self.store.transition(
+                c.req.run, entry.id, Write("gateway", Expect.of(old), change)))
         except (Stale, EntryMissing):
             raise Refusal("duplicate", f"Idempotency-Key {entry.id} was just used by another "
                           "call: a call runs once", {"entry": entry.id}) from None
+        except BaseException as exc:
+            raise self._store_refusal(c, exc) from None
+
+    def _store_refusal(self, c: _Call, exc: BaseException) -> BaseException:
+        """What the caller hears when the store refused a new entry: not the run's owner, the
+        run full, the run fenced by a rollback (none of them recorded: the write is what was
+        refused); anything else as it came."""
+        if isinstance(exc, NotOwner):
+            c.record = False
+            return self._not_ours(c.req.run, exc.owner)
+        if isinstance(exc, RunFull):
+            c.record = False
+            return Refusal("rate_limited", f"run {c.req.run} holds {exc.limit} entries, the "
+                           "most one run may hold (--max-entries-per-run): start another run")
+        if isinstance(exc, Fenced):
+            c.record = False
+            return Refusal("rolled_back", str(exc), {"run": exc.run, "fence": exc.fence.to_json()})
+        return exc
 
     async def _write_ahead(self, c: _Call) -> Entry:
         """Store the ``pending`` entry with the arguments' half of its handle, built (and
@@ -682,10 +513,18 @@ class Gateway:
         c.secrets = secret_texts(m, c.req.arguments, None, before)
 
     async def _await_approval(self, c: _Call, rules: ApprovalRules) -> CallResult:
+        """The call waits for a human as an ``awaiting_approval`` entry, which holds its key:
+        the lock is taken first (a duplicate is refused at once, no human asked), and given
+        back if the entry cannot be stored."""
         entry = self._entry(c, "awaiting_approval",
                             approval=decide.record(rules, self.settings.identities))
         entry = decide.settle(c.req.run, entry, self.clock())
-        stored = await self._store_new(c, entry, reread=True)
+        holder = await self._take_key(c, None)
+        try:
+            stored = await self._store_new(c, entry, reread=True)
+        except BaseException:
+            await self._release(c, holder)
+            raise
         c.record = False
         assert stored.approval is not None
         refusal = Refusal("approval_required", f"{stored.tool} needs approval: "
@@ -697,7 +536,7 @@ class Gateway:
         started = time.perf_counter()
         try:
             return await op
-        except (EntryExists, EntryMissing, Stale, NotOwner, RunFull):
+        except (EntryExists, EntryMissing, Stale, NotOwner, RunFull, Fenced):
             raise  # answers of the store protocol, for the caller to handle
         except Exception as exc:  # StoreUnavailable, or a store that broke in another way
             self.metrics.ledger_failures.inc()
@@ -752,8 +591,14 @@ class Gateway:
             return report, finish
 
         report, finish = recorded(state, refusal, handle, staged)
+        # A compare-and-set on the pending entry this call wrote: a rollback that took it
+        # meanwhile (looked it up, undid it) is never overwritten.
+        outcome = Expect("pending", len(entry.attempts))
         try:
-            await self.ledger(self.store.update(c.req.run, entry.id, finish))
+            await self.ledger(self.store.transition(c.req.run, entry.id,
+                                                    Write("gateway", outcome, finish)))
+        except TransitionRefused as exc:
+            return self._taken(c, entry, state, report, exc)
         except Exception as exc:  # the effect may have happened: never a 500
             problem = exc.message if isinstance(exc, Refusal) else f"{type(exc).__name__}: {exc}"
             log.error("entry %s of run %s: its outcome (%s) could not be recorded: %s",
@@ -763,7 +608,10 @@ class Gateway:
                                                     f"it ({mask_text(problem, c.secrets)})")
                 report, finish = recorded(state, refusal, kept, None)
                 try:
-                    await self.ledger(self.store.update(c.req.run, entry.id, finish))
+                    await self.ledger(self.store.transition(c.req.run, entry.id,
+                                                            Write("gateway", outcome, finish)))
+                except TransitionRefused as taken:
+                    return self._taken(c, entry, state, report, taken)
                 except Exception as again:
                     log.error("entry %s of run %s stays pending: %s", entry.id, c.req.run, again)
                     state = "pending"
@@ -773,10 +621,28 @@ class Gateway:
                 report["warnings"].append("the ledger could not record the outcome: the entry "
                                           "stays pending (its key stays taken)")
         if state == "failed":
-            await self._release(c, holder)
+            await self._release(c, holder, free=True)
         if refusal is not None:
             return CallResult(refusal.status, refusal.envelope(), report, entry.id)
         return CallResult(200, answer.data, report, entry.id, answer.content)
+
+    def _taken(self, c: _Call, entry: Entry, state: str, report: dict[str, Any],
+               exc: TransitionRefused) -> CallResult:
+        """The outcome write found its pending entry taken by a rollback (looked up, or
+        undone, while the call was still under way): the rollback's record stands, the key
+        stays taken (the effect may be live), and the caller hears why, with 502."""
+        log.error("entry %s of run %s: its outcome (%s) is not recorded: %s", entry.id,
+                  c.req.run, state, exc)
+        found = exc.found or "changed"
+        report["warnings"].append(f"a rollback took the entry while its call was in flight "
+                                  f"(it is {found}): the outcome was not recorded over it")
+        refusal = Refusal("upstream_error", f"a rollback took entry {entry.id} of run "
+                          f"{c.req.run} while its call was in flight (the entry is {found} "
+                          f"now): the call's outcome ({state}) is not recorded over the "
+                          "rollback's; its key stays taken. Look at the run's rollback before "
+                          "doing anything again", {"entry": entry.id, "taken_by": "rollback",
+                                                   "entry_state": found})
+        return CallResult(refusal.status, refusal.envelope(), report, entry.id)
 
     def _unrecordable(self, c: _Call, entry: Entry, why: str) -> tuple[str, Refusal]:
         """The upstream answered, but the outcome cannot be kept: the entry is recorded

@@ -7,8 +7,13 @@ from: a JSON patch of the status subresource that sets ``metadata.resourceVersio
 adds or replaces only the entries it changed (a PUT of the whole status for a page's
 first entries and for the link to a next page). The API server refuses it with 409 when
 anyone (another gateway, the operator writing approval decisions) wrote in between, and
-the store then reads the page again and re-applies the same operations. So change
+the store then reads the page again and applies the same operations to the fresh pages:
+each write is checked against the fresh entry again (``lifecycle.apply``: the state its
+writer read, the table), so a retry never lands on an entry someone else moved. Change
 functions must be pure functions of the entry they get (the ``Store`` contract).
+A rollback's fence (``fence.py``) rides in each page's ``status.fence``, and the request
+itself in the first page's ``spec.rollback``: a write-ahead conditional on the page's
+resourceVersion sees it in the same write.
 
 What a call sends, once its run's ledger is loaded (docs/gateway.md, "The ledger"): the
 check that its Idempotency-Key is free is answered from the store's copy of the page
@@ -51,13 +56,16 @@ import logging
 import random
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any, Protocol
 from urllib.parse import quote
 
 from .. import API_GROUP, API_VERSION
+from . import lifecycle
 from .entry import Entry, now, parse_stamp, stamp
+from .fence import Fence, Fenced, requested_fence
+from .fence import parse as parse_fence
 from .store import (
-    Change,
     EntryExists,
     EntryMissing,
     Holder,
@@ -71,6 +79,9 @@ log = logging.getLogger("unwind.ledger")
 PAGE_BYTES = 16 << 10
 MAX_ATTEMPTS = 30
 RUN_LABEL = f"{API_GROUP}/run"
+# Whose gateway created a run (spec.owner, in the metadata, so that a restarted gateway
+# counts its runs from the ledgers' metadata alone: runs_created).
+OWNER_ANNOTATION = f"{API_GROUP}/owner"
 
 
 class Api(Protocol):
@@ -121,12 +132,17 @@ class _Page:
     # entry of a ledger made before owners were recorded.
     owner: str | None = None
     recorded: bool = False
+    # The rollback's fence as this page holds it: its status.fence (the operator's), or on
+    # the first page the request itself (spec.rollback.requested).
+    fence: Fence | None = None
 
     def absorb(self, obj: dict[str, Any]) -> None:
         status = dict(obj.get("status") or {})
         entries = status.pop("entries", None) or []
         if self.number == 1:
             self.owner, self.recorded = owner_of(obj)
+        self.fence = parse_fence(status.get("fence")) or (
+            requested_fence(obj.get("spec"), stamp(now())) if self.number == 1 else None)
         self.rv = str(obj["metadata"].get("resourceVersion", ""))
         self.entries = list(entries)
         self.index = {str(e.get("id")): i for i, e in enumerate(self.entries)}
@@ -262,9 +278,9 @@ class ClusterStore:
         result: Entry = await self._submit(run, apply, creates=entry.actor)
         return result
 
-    async def update(self, run: str, entry_id: str, change: Change) -> Entry:
+    async def transition(self, run: str, entry_id: str, write: lifecycle.AnyWrite) -> Entry:
         async def apply(work: _Work) -> tuple[_Page, Any]:
-            return await work.update(entry_id, change)
+            return await work.transition(entry_id, write)
         result: Entry = await self._submit(run, apply)
         return result
 
@@ -276,6 +292,34 @@ class ClusterStore:
         pages = [o for o in body.get("items", []) if (o.get("spec") or {}).get("run") == run]
         pages.sort(key=lambda o: int((o.get("spec") or {}).get("page", 1)))
         return [Entry.model_validate(e) for o in pages for e in (o.get("status") or {}).get("entries", [])]
+
+    async def runs_created(self, actor: str, since: datetime) -> dict[str, datetime]:
+        """The runs whose ledger ``actor``'s gateways created at or after ``since`` (their
+        first page's creationTimestamp), for ``--max-runs`` after a restart: read from the
+        ledgers' metadata only (a few hundred bytes each; ``OWNER_ANNOTATION`` says whose,
+        so a ledger created before it is not counted)."""
+        selector = quote(RUN_LABEL, safe="")
+        try:
+            status, body = await self.api.request(
+                "GET", f"{self.base}?labelSelector={selector}",
+                accept="application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1,"
+                       "application/json")
+        except OSError as exc:
+            raise StoreUnavailable(str(exc) or type(exc).__name__) from None
+        if status != 200 or not isinstance(body, dict):
+            raise StoreUnavailable(_problem(status, body))
+        out: dict[str, datetime] = {}
+        for item in body.get("items") or []:
+            meta = item.get("metadata") or {}
+            run = (meta.get("labels") or {}).get(RUN_LABEL)
+            made = meta.get("creationTimestamp")
+            if (meta.get("annotations") or {}).get(OWNER_ANNOTATION) != actor \
+                    or meta.get("name") != run or not isinstance(made, str):
+                continue
+            when = parse_stamp(made)
+            if when >= since:
+                out[str(run)] = when
+        return out
 
     async def owner(self, run: str) -> str | None:
         """Read from the API server (page 1), never from what this process saw earlier."""
@@ -354,8 +398,11 @@ class ClusterStore:
         spec: dict[str, Any] = {"run": run, "page": number}
         if owner is not None:
             spec["owner"] = owner
+        meta: dict[str, Any] = {"name": name, "labels": {RUN_LABEL: run}}
+        if owner is not None:
+            meta["annotations"] = {OWNER_ANNOTATION: owner}
         body = {"apiVersion": f"{API_GROUP}/{API_VERSION}", "kind": "EffectLedger",
-                "metadata": {"name": name, "labels": {RUN_LABEL: run}}, "spec": spec}
+                "metadata": meta, "spec": spec}
         status, obj = await _call(self.api, "POST", self.base, body)
         self.writes += 1
         if status == 409:
@@ -451,8 +498,8 @@ class ClusterStore:
                 if not state.pages:
                     state.pages.append(await self._create_page(run, 1, owner=creator))
                 elif state.pages[-1].size >= self.page_bytes and state.pages[-1].count \
-                        and not await self._roll(run, state):
-                    continue
+                        and state.pages[-1].fence is None and not await self._roll(run, state):
+                    continue  # (a fenced tail is not continued: its write-ahead is refused)
             work = _Work(self, run, state)
             touched: dict[str, list[tuple[_Op, Any]]] = {}
             for op in todo:
@@ -502,9 +549,17 @@ class _Work:
             self.copies[page.name], self.rvs[page.name] = list(entries), page.rv
         return self.copies[page.name]
 
+    def _fence(self, page: _Page) -> Fence | None:
+        """The fence a write to ``page`` must honour: the page's own (its status.fence, or on
+        the first page the request itself). The write is conditional on that page's
+        resourceVersion, so this is the fence as of the write; the operator fences every
+        page before it plans."""
+        return page.fence
+
     async def create(self, entry: Entry, max_entries: int | None = None) -> tuple[_Page, Entry]:
         head = self.state.pages[0]
         check_owner(self.run, head.owner, entry.actor)
+        row = lifecycle.admit(entry)
         held = self.state.find(entry.id)
         tail = self.state.pages[-1]
         if held is not None and held is not tail:
@@ -514,6 +569,9 @@ class _Work:
         for existing in entries:
             if existing.get("id") == entry.id:
                 raise EntryExists(Entry.model_validate(existing))
+        fence = self._fence(tail)
+        if row.opens and fence is not None:
+            raise Fenced(self.run, fence)
         before = sum(p.count for p in self.state.pages[:-1])
         check_room(self.run, before + len(entries), max_entries)
         if head.owner is None:  # an older ledger, empty: its first entry owns it
@@ -522,7 +580,7 @@ class _Work:
         entries.append(compact_entry(stored.to_json()))
         return tail, stored
 
-    async def update(self, entry_id: str, change: Change) -> tuple[_Page, Entry]:
+    async def transition(self, entry_id: str, write: lifecycle.AnyWrite) -> tuple[_Page, Entry]:
         page = self.state.find(entry_id)
         if page is None:
             tail = self.state.pages[-1] if self.state.pages else None
@@ -534,9 +592,13 @@ class _Work:
         at = next((i for i, e in enumerate(entries) if e.get("id") == entry_id), None)
         if at is None:
             raise EntryMissing(f"no entry {entry_id} in run {self.run}")
-        new = change(Entry.model_validate(entries[at]))
-        if new.id != entry_id:
-            raise ValueError("a change may not alter an entry's id")
+        # Checked again on every attempt: after a 409 this is the fresh entry, and a write
+        # whose expectation is gone fails rather than being applied blindly.
+        old = Entry.model_validate(entries[at])
+        new = write(old)
+        fence = self._fence(page)
+        if fence is not None and lifecycle.opens(old, new, write):
+            raise Fenced(self.run, fence)
         if self.state.pages[0].recorded:
             check_owner(self.run, self.state.pages[0].owner, new.actor)
         entries[at] = compact_entry(new.to_json())
@@ -565,6 +627,7 @@ def compact_entry(value: Any) -> Any:
 LEASE_PREFIX = "unwind-key-"
 RUN_ANNOTATION = f"{API_GROUP}/run"
 SINCE_ANNOTATION = f"{API_GROUP}/since"
+DEADLINE_ANNOTATION = f"{API_GROUP}/deadline"
 
 
 def lease_name(name: str) -> str:
@@ -587,7 +650,9 @@ class LeaseLocks:
         body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
                 "metadata": {"name": lease_name(name), "labels": {f"{API_GROUP}/key-lock": "true"},
                              "annotations": {RUN_ANNOTATION: holder.run,
-                                             SINCE_ANNOTATION: holder.since}},
+                                             SINCE_ANNOTATION: holder.since,
+                                             **({DEADLINE_ANNOTATION: holder.deadline}
+                                                if holder.deadline else {})}},
                 "spec": {"holderIdentity": holder.entry, "acquireTime": _micro(holder.since)}}
         for _ in range(3):
             status, answer = await _call(self.api, "POST", self.base, body)
@@ -618,12 +683,7 @@ class LeaseLocks:
             return None
         if status != 200 or not isinstance(obj, dict):
             raise StoreUnavailable(_problem(status, obj))
-        meta = obj.get("metadata") or {}
-        notes = meta.get("annotations") or {}
-        spec = obj.get("spec") or {}
-        since = notes.get(SINCE_ANNOTATION) or meta.get("creationTimestamp") or stamp(now())
-        return Holder(str(notes.get(RUN_ANNOTATION, "")), str(spec.get("holderIdentity") or ""),
-                      str(since)), meta
+        return lease_holder(obj), obj.get("metadata") or {}
 
     async def _remove_if(self, name: str, holder: Holder) -> bool:
         current = await self._read(name)
@@ -634,3 +694,14 @@ class LeaseLocks:
                 "preconditions": {"uid": meta.get("uid"), "resourceVersion": meta.get("resourceVersion")}}
         status, _ = await _call(self.api, "DELETE", f"{self.base}/{lease_name(name)}", body)
         return status in (200, 201, 202)
+
+
+def lease_holder(obj: dict[str, Any]) -> Holder:
+    """The holder a key's Lease names (the gateway's locks, and the operator's planner)."""
+    meta = obj.get("metadata") or {}
+    notes = meta.get("annotations") or {}
+    spec = obj.get("spec") or {}
+    since = notes.get(SINCE_ANNOTATION) or meta.get("creationTimestamp") or stamp(now())
+    deadline = notes.get(DEADLINE_ANNOTATION)
+    return Holder(str(notes.get(RUN_ANNOTATION, "")), str(spec.get("holderIdentity") or ""),
+                  str(since), str(deadline) if deadline else None)

@@ -14,7 +14,8 @@ from typing import Literal
 
 from .approvals import ApprovalRequest, ApprovalRules, Decision, Tally, tally
 from .entry import ApprovalDecision, ApprovalRulesRecord, Entry, EntryApproval, parse_stamp
-from .store import Change, Stale
+from .lifecycle import Expect, Write, Writer
+from .store import Stale
 
 
 def record(rules: ApprovalRules, identities: Literal["kubernetes", "self-declared"]) -> EntryApproval:
@@ -48,18 +49,35 @@ def settle(ledger: str, entry: Entry, now: datetime) -> Entry:
     return entry.model_copy(update={"approval": approval, "state": state})
 
 
-def add_decision(ledger: str, decision: ApprovalDecision, now: datetime) -> Change:
-    """A change function (for ``Store.update``) that records one decision and tallies. A
-    decision that names no arguments is bound to the entry's, read in the same write."""
+def settling(ledger: str, now: datetime, writer: Writer = "gateway") -> Write:
+    """The write (for ``Store.transition``) that records the tally of an awaiting entry as
+    of ``now``: still waiting (its message moves on), or denied."""
+    return Write(writer, Expect("awaiting_approval"), lambda e: settle(ledger, e, now))
+
+
+def add_decision(ledger: str, decision: ApprovalDecision, now: datetime) -> AddDecision:
+    """The approver's write (for ``Store.transition``) that records one decision and
+    tallies. A decision that names no arguments is bound to the entry's, read in the same
+    write."""
     def change(entry: Entry) -> Entry:
+        if entry.approval is None:
+            raise Stale(f"entry {entry.id} ({entry.tool}) does not need approval: it is "
+                        f"{entry.state}")
+        made = decision if decision.arguments_sha256 else decision.model_copy(
+            update={"arguments_sha256": entry.arguments_sha256})
+        approval = entry.approval.model_copy(update={"decisions": [*entry.approval.decisions, made]})
+        return settle(ledger, entry.model_copy(update={"approval": approval}), now)
+    return AddDecision("approver", Expect("awaiting_approval"), change)
+
+
+class AddDecision(Write):
+    """A decision's write, whose refusal says what a person deciding needs to hear."""
+
+    def __call__(self, entry: Entry) -> Entry:
         if entry.approval is None:
             raise Stale(f"entry {entry.id} ({entry.tool}) does not need approval: it is "
                         f"{entry.state}")
         if entry.state != "awaiting_approval":
             raise Stale(f"entry {entry.id} is {entry.state}, not awaiting approval: "
                         + (entry.approval.message or "nothing more to decide"))
-        made = decision if decision.arguments_sha256 else decision.model_copy(
-            update={"arguments_sha256": entry.arguments_sha256})
-        approval = entry.approval.model_copy(update={"decisions": [*entry.approval.decisions, made]})
-        return settle(ledger, entry.model_copy(update={"approval": approval}), now)
-    return change
+        return super().__call__(entry)

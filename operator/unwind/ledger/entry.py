@@ -3,7 +3,8 @@
 An entry's life: ``pending`` is stored first (write-ahead), then ``succeeded``, ``failed``
 or ``uncertain`` (sent, answer lost). A refusal is recorded as ``refused`` with its code;
 a call that needs a human waits as ``awaiting_approval`` (then ``denied``, or it runs);
-rollback later adds ``undoing``, ``undone`` and ``undo_failed``.
+rollback later adds ``undoing``, ``undone`` and ``undo_failed``. Which writer may make
+which change is ``ledger/lifecycle.py``'s table, which every store applies.
 
 The entry keeps only what an undo, a read-back or a lookup needs (the ``handle``); the
 arguments are never stored whole, only their digest, so a repeated call (an approved one,
@@ -21,11 +22,8 @@ State = Literal["refused", "awaiting_approval", "denied", "pending", "succeeded"
                 "uncertain", "undoing", "undone", "undo_failed"]
 STATES: tuple[State, ...] = ("refused", "awaiting_approval", "denied", "pending", "succeeded",
                              "failed", "uncertain", "undoing", "undone", "undo_failed")
-# While an entry is in one of these, its rendered key stands: a second call with the same
-# key is a duplicate. failed and undone free it; awaiting is checked again when it runs.
-HOLDING: frozenset[State] = frozenset({"pending", "succeeded", "uncertain", "undoing", "undo_failed"})
-# An Idempotency-Key whose entry is in one of these may be used again: the call runs anew.
-REUSABLE: frozenset[State] = frozenset({"failed", "refused"})
+# Which states hold the rendered key, and which Idempotency-Keys may be used again, is the
+# lifecycle's to say (ledger/lifecycle.py: HOLDING, REUSABLE).
 REDACTED = "[redacted]"
 
 
@@ -127,9 +125,15 @@ class Entry(_Model):
     undo: dict[str, Any] | None = Field(None, description="The undo's detail (rollback).")
     attempts: list[Attempt] = Field(default_factory=list, description="Earlier attempts under this id.")
     times: Times
+    deadline: str | None = Field(
+        None, description="When the call can no longer be under way (RFC 3339): written ahead "
+                          "with the pending entry, from the call's timeout and retries. Until "
+                          "then its key's lock stands, a lookup leaves it alone, and a rollback "
+                          "of its run waits for it.")
 
     @property
     def holds_key(self) -> bool:
+        from .lifecycle import HOLDING  # the lifecycle imports this module
         return self.key is not None and self.state in HOLDING
 
     def to_json(self) -> dict[str, Any]:

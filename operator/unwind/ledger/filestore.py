@@ -71,11 +71,13 @@ from pydantic import ValidationError
 
 from .. import API_GROUP, API_VERSION
 from ..api.resources import LedgerSpec, LedgerStatus
+from . import lifecycle
 from .entry import Entry, now, stamp
+from .fence import Fence, Fenced
+from .fence import parse as parse_fence
 from .ledger_dir import LOCKS, check_private, open_file, read_file
 from .ledger_dir import LedgerDirError as LedgerDirError  # kept importable from here
 from .store import (
-    Change,
     EntryExists,
     EntryMissing,
     Holder,
@@ -221,6 +223,7 @@ class _Page:
     # entry of a ledger written before owners were recorded.
     owner: str | None = None
     recorded: bool = False
+    fence: Fence | None = None  # first page only: the rollback's fence (kept when obj is dropped)
 
     def entry(self, at: int) -> Entry:
         model = self.models[at]
@@ -285,6 +288,7 @@ def _read_page(root: Path, name: str, run: str, number: int) -> _Page | None:
         page.texts.append(dump(item))
         page.models.append(None)
     if number == 1:
+        page.fence = parse_fence(obj["status"].get("fence"))
         owner = obj["spec"].get("owner")
         page.recorded = isinstance(owner, str)
         first = entries[0].get("actor") if entries else None
@@ -465,6 +469,30 @@ def read_run(root: str | os.PathLike[str], run: str, *, attempts: int = 20) -> l
                            "try again")
 
 
+def runs_created(root: Path, actor: str, since: datetime) -> dict[str, datetime]:
+    """See ``FileStore.runs_created``. A page written by this store starts with its metadata
+    and spec (the status, with the entries, comes last), so only a page's head is read."""
+    out: dict[str, datetime] = {}
+    for path in root.glob("*.json"):
+        if ".p" in path.stem or path.name.endswith(".rollback.json"):
+            continue  # a continuation page, a frozen plan
+        try:
+            with os.fdopen(open_file(path, os.O_RDONLY), "rb") as f:
+                head = f.read(8192)
+                cut = head.find(b',"status":')
+                obj = json.loads(head[:cut] + b"}") if cut > 0 else json.loads(head + f.read())
+            spec, meta = obj.get("spec") or {}, obj.get("metadata") or {}
+            made = meta.get("creationTimestamp")
+            if spec.get("owner") != actor or spec.get("page", 1) != 1 or not isinstance(made, str):
+                continue
+            when = datetime.fromisoformat(made.replace("Z", "+00:00"))
+        except (OSError, ValueError, AttributeError, StoreUnavailable):
+            continue  # not a ledger page this store wrote (or a link): not counted
+        if when >= since:
+            out[str(spec.get("run") or path.stem)] = when
+    return out
+
+
 class _Batch:
     """One locked read-modify-write of a run: the records its operations wrote, whether one
     of them must be on disk before it returns, and whether to fold the journal."""
@@ -489,12 +517,19 @@ class _Batch:
     def owner(self) -> str | None:
         return self.run.pages[0].owner if self.run.pages else None
 
+    def fence(self) -> Fence | None:
+        return self.run.pages[0].fence if self.run.pages else None
+
     def create(self, entry: Entry, max_entries: int | None = None) -> Entry:
         run = self.run
         check_owner(run.name, self.owner(), entry.actor)
+        row = lifecycle.admit(entry)
         found = run.find(entry.id)
         if found is not None:
             raise EntryExists(found[0].entry(found[1]))
+        fence = self.fence()
+        if row.opens and fence is not None:
+            raise Fenced(run.name, fence)
         check_room(run.name, run.count, max_entries)
         stored = entry.model_copy(update={"seq": run.count + 1})
         if not run.pages:  # the run's first page is written at once: it records the owner
@@ -505,19 +540,36 @@ class _Batch:
         self._put(stored)
         return stored
 
-    def update(self, entry_id: str, change: Change) -> Entry:
+    def transition(self, entry_id: str, write: lifecycle.AnyWrite) -> Entry:
         found = self.run.find(entry_id)
         if found is None:
             raise EntryMissing(f"no entry {entry_id} in run {self.run.name}")
         page, at = found
-        new = change(page.entry(at))
-        if new.id != entry_id:
-            raise ValueError("a change may not alter an entry's id")
+        old = page.entry(at)
+        new = write(old)  # the lifecycle: the writer's expectation, then the table
+        fence = self.fence()
+        if fence is not None and lifecycle.opens(old, new, write):
+            raise Fenced(self.run.name, fence)
         first = self.run.pages[0]
         if first.recorded:
             check_owner(self.run.name, first.owner, new.actor)
         self._put(new)
         return new
+
+    def close(self, fence: Fence) -> Fence:
+        """Fence the run (its first page, written at once); a fence already there stays."""
+        run = self.run
+        if not run.pages:
+            raise EntryMissing(f"no ledger of run {run.name}: nothing to roll back")
+        first = run.loaded(run.pages[0])
+        if first.fence is not None:
+            return first.fence
+        assert first.obj is not None
+        first.obj["status"]["fence"] = fence.to_json()
+        first.fence = fence
+        run.mark(first)
+        self.fold = True  # the page is written (and synced) before the fence counts
+        return fence
 
     def _put(self, entry: Entry) -> None:
         text = entry.model_dump_json(exclude_none=True)
@@ -571,8 +623,12 @@ class FileStore:
         result: Entry = await self._submit(run, lambda b: b.create(entry, max_entries))
         return result
 
-    async def update(self, run: str, entry_id: str, change: Change) -> Entry:
-        result: Entry = await self._submit(run, lambda b: b.update(entry_id, change))
+    async def transition(self, run: str, entry_id: str, write: lifecycle.AnyWrite) -> Entry:
+        result: Entry = await self._submit(run, lambda b: b.transition(entry_id, write))
+        return result
+
+    async def fence(self, run: str, fence: Fence) -> Fence:
+        result: Fence = await self._submit(run, lambda b: b.close(fence))
         return result
 
     async def entries(self, run: str) -> list[Entry]:
@@ -582,6 +638,11 @@ class FileStore:
     async def owner(self, run: str) -> str | None:
         result: str | None = await self._submit(run, lambda b: b.owner())
         return result
+
+    async def runs_created(self, actor: str, since: datetime) -> dict[str, datetime]:
+        """The runs of this folder whose first page ``actor`` created at or after ``since``
+        (``metadata.creationTimestamp``, ``spec.owner``): ``--max-runs`` after a restart."""
+        return await asyncio.to_thread(runs_created, self.root, actor, since)
 
     async def aclose(self) -> None:
         """Fold every run's journal into its pages (the gateway stops)."""
@@ -743,8 +804,18 @@ class FileStore:
         result: Entry = self._one(run, lambda b: b.create(entry, max_entries), fold=True)
         return result
 
-    def update_sync(self, run: str, entry_id: str, change: Change) -> Entry:
-        result: Entry = self._one(run, lambda b: b.update(entry_id, change), fold=True)
+    def transition_sync(self, run: str, entry_id: str, write: lifecycle.AnyWrite) -> Entry:
+        result: Entry = self._one(run, lambda b: b.transition(entry_id, write), fold=True)
+        return result
+
+    def fence_sync(self, run: str, fence: Fence) -> Fence:
+        """Close the run to new calls (``unwind rollback``): under the run's lock, so a
+        gateway's next write-ahead, which holds the same lock, sees it."""
+        result: Fence = self._one(run, lambda b: b.close(fence), fold=True)
+        return result
+
+    def fenced_sync(self, run: str) -> Fence | None:
+        result: Fence | None = self._one(run, lambda b: b.fence())
         return result
 
     # ---- the files ----
@@ -892,7 +963,8 @@ class FileLocks:
 
     def acquire_sync(self, name: str, holder: Holder) -> Holder | None:
         path = self.dir / f"{name}.key"
-        data = json.dumps({"run": holder.run, "entry": holder.entry, "since": holder.since}).encode()
+        data = json.dumps({"run": holder.run, "entry": holder.entry, "since": holder.since,
+                           **({"deadline": holder.deadline} if holder.deadline else {})}).encode()
         try:
             fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
         except FileExistsError:
@@ -906,6 +978,9 @@ class FileLocks:
             os.close(fd)
         return None
 
+    def peek_sync(self, name: str) -> Holder | None:
+        return self._holder(name)
+
     def release_entry_sync(self, name: str, run: str, entry: str) -> bool:
         """Remove the lock if the entry ``entry`` of ``run`` holds it, whatever its ``since``
         (a rollback frees the key of an entry it undid, or found never ran)."""
@@ -918,7 +993,9 @@ class FileLocks:
         path = self.dir / f"{name}.key"
         try:
             data = json.loads(read_file(path)[0])
-            return Holder(str(data["run"]), str(data["entry"]), str(data["since"]))
+            deadline = data.get("deadline")
+            return Holder(str(data["run"]), str(data["entry"]), str(data["since"]),
+                          str(deadline) if deadline else None)
         except FileNotFoundError:
             return None
         except (OSError, ValueError, KeyError, TypeError, StoreUnavailable):

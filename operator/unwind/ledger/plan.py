@@ -36,6 +36,7 @@ from ..manifest.undo_refs import guarded_fields
 from .entry import Entry, Handle, Staged, parse_stamp, stamp
 from .handle import kept_references, redacted_needs
 from .report import deadline_ms
+from .store import Holder
 
 Action = Literal["inverse", "compensate", "discard", "skip", "not_undoable", "unrecoverable",
                  "lookup"]
@@ -147,8 +148,12 @@ _UNKNOWN = frozenset({"uncertain", "pending"})
 
 
 def make_plan(ledger: str, entries: Sequence[Entry], versions: Versions, *,
-              now: datetime, selection: Selection = Selection()) -> Plan:
-    """The ordered steps for the selected entries (see the module docstring)."""
+              now: datetime, selection: Selection = Selection(),
+              holders: Mapping[str, Holder | None] | None = None) -> Plan:
+    """The ordered steps for the selected entries (see the module docstring). ``holders``:
+    for each keyed ``pending`` entry (by id), who holds its key's lock now, in any run
+    (None: nobody), as the runner read it (``rollback_rules.keyed_pending``); without it,
+    only the ledger itself says who held a key."""
     ordered = sorted(entries, key=_when)  # oldest first
     chosen = select(ordered, versions, selection)
     missing = [e for e in chosen if _needs_manifest(e) and versions.of(e)[0] is None]
@@ -156,35 +161,52 @@ def make_plan(ledger: str, entries: Sequence[Entry], versions: Versions, *,
         raise PlanError(_missing_versions(missing, versions))
     refs = _Refs()
     steps = {e.id: plan_entry(e, versions, now, refs) for e in chosen}
-    for e in chosen:  # an unknown entry whose key another entry held all along never ran
-        holder = _held_by_another(e, ordered)
-        if holder is not None and steps[e.id].action == "lookup":
-            steps[e.id] = _report(e, "skip", f"entry {holder.id} held its idempotency key "
-                                  f"{e.key!r} ({holder.state}): this call was refused as a "
-                                  "duplicate before anything was sent (the gateway stopped "
-                                  "before it recorded the refusal)")
+    for e in chosen:  # a pending entry that never had its key's lock never ran
+        why = never_ran(ledger, e, ordered, holders)
+        if why is not None and steps[e.id].action == "lookup":
+            steps[e.id] = _report(e, "skip", why + ": this call was refused as a duplicate "
+                                  "before anything was sent (the gateway stopped before it "
+                                  "recorded the refusal)")
     lookups = [steps[e.id] for e in reversed(chosen) if steps[e.id].action == "lookup"]
     rest = [e for e in _undo_order(chosen, versions) if steps[e.id].action != "lookup"]
     return Plan(ledger, tuple(lookups + [steps[e.id] for e in rest]))
 
 
-# An entry in one of these states took its key's lock and kept it: no other call with the
-# same key could take the lock meanwhile (a lock is broken only when its entry is missing or
-# no longer holds the key).
-_KEPT_KEY = frozenset({"succeeded", "undoing", "undo_failed"})
+# States in which an entry holds its key (lifecycle.HOLDING, which imports this package's
+# store; spelled out here, and tests/ledger/test_lifecycle.py checks they agree). A pending
+# one is left out: of two pending entries with one key, the ledger alone cannot tell which
+# took the lock.
+_HELD_KEY = frozenset({"awaiting_approval", "succeeded", "uncertain", "undoing", "undo_failed"})
 
 
-def _held_by_another(entry: Entry, entries: Sequence[Entry]) -> Entry | None:
-    """For a ``pending`` entry with a key: another entry of the ledger that holds the same
-    lock (tool, key, scope) with a known effect. A cluster gateway writes a keyed call's
-    pending entry while it creates the key's Lease; one that loses to a standing call turns
-    its entry ``refused``, and one killed in between leaves it ``pending``, though it never
-    called the upstream. Its lookup would find the holder's effect, and undo it twice."""
+def never_ran(ledger: str, entry: Entry, entries: Sequence[Entry],
+               holders: Mapping[str, Holder | None] | None) -> str | None:
+    """Why a keyed ``pending`` entry never called its upstream, or None. A gateway calls
+    the upstream only while the key's lock names the call (it reads the lock again right
+    before), and a lock is never broken while its entry holds the key: so a pending entry
+    whose lock names another entry (in any run, an uncertain one too), or nobody, never
+    ran. A cluster gateway writes a keyed call's pending entry while it creates the key's
+    Lease; one that loses to a standing call turns its entry ``refused``, and one killed in
+    between leaves it ``pending``. Its lookup would find the holder's effect and undo it
+    twice. Without the holders (a saved ledger file), another entry of this ledger holding
+    the same key says the same."""
     if entry.state != "pending" or entry.key is None:
         return None
-    return next((e for e in entries if e.id != entry.id and e.key == entry.key
-                 and e.tool == entry.tool and e.scope == entry.scope and e.state in _KEPT_KEY),
-                None)
+    if holders is not None and entry.id in holders:
+        holder = holders[entry.id]
+        if holder is None:
+            return f"no lock holds its idempotency key {entry.key!r} (it never took it)"
+        if (holder.run, holder.entry) == (ledger, entry.id):  # a run's ledger is named after it
+            return None
+        where = f" of run {holder.run}" if holder.run else ""
+        return (f"entry {holder.entry or '(being recorded)'}{where} holds its idempotency key "
+                f"{entry.key!r}")
+    other = next((e for e in entries if e.id != entry.id and e.key == entry.key
+                  and e.tool == entry.tool and e.scope == entry.scope and e.state in _HELD_KEY),
+                 None)
+    if other is None:
+        return None
+    return f"entry {other.id} held its idempotency key {entry.key!r} ({other.state})"
 
 
 def plan_entry(entry: Entry, versions: Versions, now: datetime, refs: _Refs | None = None) -> Step:
@@ -301,11 +323,23 @@ def _unknown(entry: Entry, m: ToolManifest, note: str, refs: _Refs) -> Step:
     """An entry whose outcome is unknown: found through the lookup, never guessed."""
     what = ("its answer was lost" if entry.state == "uncertain"
             else "its outcome was never recorded (the gateway stopped during the call)")
-    if m.effect == Effect.idempotent:
-        return _left_changed(entry, m, f" ({what}){note}")
     if m.effect == Effect.read_only:
         return _report(entry, "skip", f"{m.tool} is {m.effect}: nothing to undo, whatever "
                        f"happened{note}")
+    settles = m.effect in (Effect.idempotent, Effect.irreversible)
+    if settles and m.lookup is not None:
+        # Nothing undoes it, but the lookup settles it: found, it stands (left behind);
+        # not found, it never happened and its key is free. Unlooked-up, the entry would
+        # hold its key for good.
+        h = entry.handle or Handle()
+        args, missing = _resolve(refs.of(m).lookup, h, entry.key)
+        if not missing:
+            return Step(entry.id, entry.tool, "lookup", m.lookup.tool, args, (), False,
+                        f"{what}: {m.lookup.tool} finds whether it acted (found: {m.tool} is "
+                        f"{m.effect}, it is left behind; not found: it never happened and its "
+                        f"key is free){note}")
+    if m.effect == Effect.idempotent:
+        return _left_changed(entry, m, f" ({what}){note}")
     if m.effect == Effect.irreversible:
         return _report(entry, "not_undoable", f"{m.tool} is irreversible ({what}): nothing can "
                        f"undo it{note}")

@@ -13,10 +13,16 @@ EffectLedger and a Lease per key in a cluster. The contract every implementation
   locked or conditional write that stores it. A ledger written before owners were
   recorded is owned by the actor of its first entry. ``create`` also refuses
   (``RunFull``) an entry past ``max_entries`` in the run.
-- ``update`` applies a change function to the stored entry atomically: under a lock for a
-  file, with resourceVersion preconditions and a retry on conflict in a cluster (the
-  function is then called again on the fresh entry, so it must be a pure function of it).
-  The function raises ``Stale`` when the entry is no longer in a state it may change.
+- ``transition`` applies one writer's ``lifecycle.Write`` to the stored entry atomically:
+  under the run's lock for a file, with resourceVersion preconditions and a retry on
+  conflict in a cluster (the write is then checked and applied again on the fresh entry,
+  so its change must be a pure function of it). It is a compare-and-set: an entry no
+  longer in the state (and attempt) the writer read, or a change the lifecycle does not
+  allow that writer, raises (``lifecycle.StaleWrite``, ``IllegalTransition``: both
+  ``Stale``). ``create`` is checked the same way (a gateway creates pending,
+  awaiting_approval or refused entries). There is no other way to change an entry.
+- A run a rollback has fenced (``fence.py``) refuses, in the same write, every write that
+  opens a call (``Fenced``): the write-ahead, a new awaiting entry, the approved repeat.
 - Anything that stops a write raises ``StoreUnavailable``: the caller gets 503 and the
   upstream is never called (no effect without a record).
 """
@@ -27,9 +33,12 @@ import hashlib
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol
 
 from .entry import Entry
+
+if TYPE_CHECKING:
+    from .lifecycle import AnyWrite
 
 # A run names its ledger (an EffectLedger object, a file), so it is a DNS label: that
 # keeps it a valid object name, a safe file name, and free of the dot that page names use.
@@ -54,7 +63,8 @@ class EntryMissing(Exception):
 
 
 class Stale(Exception):
-    """A change function found the entry no longer in a state it may change."""
+    """The entry is no longer in a state the writer may change (``lifecycle.TransitionRefused``
+    says which, and who wrote)."""
 
 
 class NotOwner(Exception):
@@ -103,7 +113,7 @@ class Store(Protocol):
 
     async def create(self, run: str, entry: Entry, *, max_entries: int | None = None) -> Entry: ...
 
-    async def update(self, run: str, entry_id: str, change: Change) -> Entry: ...
+    async def transition(self, run: str, entry_id: str, write: AnyWrite) -> Entry: ...
 
     async def entries(self, run: str) -> list[Entry]: ...
 
@@ -127,11 +137,15 @@ async def probe(store: Store, run: str, entry_id: str) -> Entry | None:
 
 @dataclass(frozen=True)
 class Holder:
-    """Who holds an idempotency key: the entry whose call stands, and since when."""
+    """Who holds an idempotency key: the entry whose call stands, since when, and until when
+    the lock stands even if its entry is not found (it is being written ahead: the capture's
+    and the call's timeouts, retries included). None: an older lock (a grace from
+    ``since`` applies). Once its entry is stored, the entry's state says whether it holds."""
 
     run: str
     entry: str
     since: str  # RFC 3339
+    deadline: str | None = None  # RFC 3339
 
 
 Scope = Literal["run", "actor", "global"]

@@ -38,9 +38,11 @@ from .. import API_GROUP, API_VERSION
 from ..api.conditions import now_rfc3339
 from ..api.crd import storable_status
 from ..bundle import BundleError, load_bundle
+from ..ledger import rollback_rules as rules
+from ..ledger.clusterstore import lease_holder, lease_name
 from ..ledger.entry import ApprovalDecision, Entry
 from ..ledger.plan import Versions
-from ..ledger.store import Stale
+from ..ledger.store import Holder, Stale
 from ..manifest.canonical import checksum
 from ..manifest.model import ToolManifest
 from ..manifest.validate import validate_manifest
@@ -166,6 +168,7 @@ class RollbackWorker:
         self.custom: Any = kube.custom
         self.core: Any = kube.core
         self.batch: Any = client.BatchV1Api(api)
+        self.coordination: Any = client.CoordinationV1Api(api)
         self.refused: dict[tuple[str, str], str] = {}  # (namespace, job) -> why (in memory)
 
     # ---- gather ---------------------------------------------------------------------
@@ -310,7 +313,8 @@ class RollbackWorker:
                 except ValidationError:
                     continue  # a malformed entry is reported by `kubectl unwind plan`
         uncertain = any(e.state == "uncertain" for e in entries)
-        if not busy and not uncertain and not full:
+        fenced = sum(1 for p in ledger.pages if (p.get("status") or {}).get("fence"))
+        if not busy and not uncertain and not full and not fenced:
             return False
         metrics.LEDGERS_CHECKED.labels(namespace).inc()
         meta = first["metadata"]
@@ -318,7 +322,9 @@ class RollbackWorker:
                           int(meta.get("generation") or 1), spec.get("rollback"), rb,
                           list(status.get("conditions") or []), entries,
                           requester(namespace, meta, spec.get("rollback"), self.trust) if requested else None,
-                          live=status.get("live"))
+                          live=status.get("live"), pages=len(ledger.pages), fenced_pages=fenced,
+                          holders=self.holders(namespace, str(spec.get("run") or meta["name"]), entries)
+                          if requested else None)
         decisions = self._approvals_needed(namespace, ledger, rb)
         refused = {n: w for (ns, n), w in self.refused.items() if ns == namespace}
         ctx = Context(namespace, now, self.config.image, self.config.parallelism, self.config.lookup_every)
@@ -340,7 +346,27 @@ class RollbackWorker:
         if decision.empty:
             return False
         self._write(namespace, ledger, decision)
-        return any(s.get("state") == "running" for s in (decision.status.get("rollback") or rb or {}).get("steps") or [])
+        return decision.waiting or any(s.get("state") == "running" for s in
+                                       (decision.status.get("rollback") or rb or {}).get("steps") or [])
+
+    def holders(self, namespace: str, run: str, entries: list[Entry]) -> dict[str, Holder | None] | None:
+        """Who holds the key of each keyed pending entry: the Leases the gateways take (any
+        run's). None when they cannot be read: the planner then asks the ledger alone."""
+        out: dict[str, Holder | None] = {}
+        for entry_id, name in rules.keyed_pending(run, entries).items():
+            try:
+                lease = self.coordination.read_namespaced_lease(lease_name(name), namespace,
+                                                                _preload_content=False)
+            except ApiException as exc:
+                if exc.status == 404:
+                    out[entry_id] = None
+                    continue
+                log.warning("namespace %s: the Lease of entry %s cannot be read (%s %s): the "
+                            "plan asks the ledger alone who held its key", namespace, entry_id,
+                            exc.status, exc.reason)
+                return None
+            out[entry_id] = lease_holder(_json(lease))
+        return out
 
     def _approvals_needed(self, namespace: str, ledger: _Ledger,
                           rb: dict[str, Any] | None) -> dict[str, list[ApprovalDecision]]:
@@ -355,9 +381,18 @@ class RollbackWorker:
         for page in reversed(ledger.pages):  # the first page (with the rollback) last
             first = page is ledger.first
             entries, changed = _apply(_entries_of(page), d.changes)
-            if not changed and not (first and d.status):
-                continue
             status = dict(page.get("status") or {})
+            # the fence goes into every page, each write conditional on the page as read: a
+            # gateway's write-ahead to any page either came before (and is in what was read)
+            # or sees the fence
+            fencing = (d.fence is not None and not status.get("fence")) or \
+                (d.lift_fence and "fence" in status)
+            if not changed and not (first and d.status) and not fencing:
+                continue
+            if d.fence is not None and not status.get("fence"):
+                status["fence"] = d.fence
+            elif d.lift_fence:
+                status.pop("fence", None)
             status["entries"] = entries
             if entries:
                 status["lastState"] = entries[-1].get("state")
@@ -602,9 +637,10 @@ class RollbackLoop:
 
 
 def relevant(body: dict[str, Any]) -> bool:
-    """Whether a ledger event needs a pass: a rollback asked for or running, or a lost answer."""
+    """Whether a ledger event needs a pass: a rollback asked for or running, a fence whose
+    request was withdrawn (to lift it), or a lost answer."""
     spec, status = body.get("spec") or {}, body.get("status") or {}
-    if (spec.get("rollback") or {}).get("requested"):
+    if (spec.get("rollback") or {}).get("requested") or status.get("fence"):
         return True
     rb = status.get("rollback")
     if rb is not None and not rb.get("finished"):

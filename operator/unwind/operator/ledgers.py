@@ -17,7 +17,7 @@ entry's ``attempts``). The tally counts only decisions on the arguments the entr
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -26,7 +26,8 @@ from pydantic import ValidationError
 from ..api.resources import ApprovalSpec
 from ..ledger.clusterstore import compact_entry
 from ..ledger.decide import settle
-from ..ledger.entry import ApprovalDecision, Entry
+from ..ledger.entry import ApprovalDecision, Entry, EntryApproval
+from ..ledger.lifecycle import Expect, Write
 from ..registry.signing import TrustStore
 from .approval import ApprovalObject
 from .identity import stamped_identity
@@ -100,7 +101,14 @@ def decide_entries(ledger: str, entries: Sequence[dict[str, Any]],
             out.append(raw)
             continue
         approval = entry.approval.model_copy(update={"decisions": found})
-        decided = settle(ledger, entry.model_copy(update={"approval": approval}), now)
+        # through the lifecycle, as every write: an approver may only record and tally
+        decided = Write("approver", Expect.of(entry), _deciding(ledger, approval, now))(entry)
         out.append(compact_entry(decided.to_json()))  # as the gateway writes entries
         changed = True
     return out if changed else None
+
+
+def _deciding(ledger: str, approval: EntryApproval, now: datetime) -> Callable[[Entry], Entry]:
+    def change(entry: Entry) -> Entry:
+        return settle(ledger, entry.model_copy(update={"approval": approval}), now)
+    return change

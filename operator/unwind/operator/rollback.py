@@ -11,9 +11,15 @@ and a retried undo carries the step's idempotency key, so the upstream deduplica
 
 The order (docs/rollback.md, "In the cluster"):
 
-1. ``spec.rollback.requested`` with a generation the status has not frozen yet: the plan
-   is made (``unwind.ledger.plan``, as of now) and frozen, skip steps counted, the others
-   listed. Steps of an earlier request still running are recorded first.
+1. ``spec.rollback.requested`` with a generation the status has not frozen yet: the run is
+   fenced (``status.fence`` on every page, so no gateway writes a call ahead any more),
+   its entries still awaiting approval are denied, and while calls written ahead are in
+   flight (pending, before their deadline) the pass only says so (``WaitingForCalls``) and
+   looks again. Then the plan is made (``unwind.ledger.plan``, as of now, with the holders
+   of the pending entries' key Leases) and frozen, skip steps counted, the others listed.
+   Steps of an earlier request still running are recorded first. A withdrawn request
+   lifts the fence. What the entries go through is ``ledger/rollback_rules.py``, shared
+   with the local rollback.
 2. Lookups first. When one found its effect, the undo steps are planned again once every
    lookup is done, so found entries take their place.
 3. Then the undo steps in plan order, at most ``parallelism`` at once. A step starts when
@@ -50,15 +56,25 @@ from pydantic import ValidationError
 
 from ..api.conditions import get_condition, set_condition
 from ..api.resources import LedgerRollback, RollbackStatus
-from ..ledger.entry import ApprovalDecision, Entry, EntryError, Handle, parse_stamp, stamp
-from ..ledger.plan import UNDOING, PlanError, Selection, Step, Versions, make_plan, plan_entry
+from ..ledger import rollback_rules as rules
+from ..ledger.entry import ApprovalDecision, Entry, parse_stamp, stamp
+from ..ledger.fence import Fence
+from ..ledger.lifecycle import AnyWrite, deadline_passed
+from ..ledger.plan import (
+    UNDOING,
+    PlanError,
+    Selection,
+    Step,
+    Versions,
+    make_plan,
+    never_ran,
+    plan_entry,
+)
 from ..ledger.stepinput import ledger_identity, step_input, step_key
-from ..ledger.store import Stale
+from ..ledger.store import Holder, Stale
 from .objects import Event
 from .undojob import deadline_seconds, job_body, job_name, lookup_job_name, step_problem, step_text
 
-UNDOABLE_STATES = frozenset({"succeeded", "undoing", "undo_failed"})
-LOOKUP_STATES = frozenset({"uncertain", "pending"})
 OK_STATES = frozenset({"succeeded", "left", "skipped"})  # a later step may go on
 FAILED_STATES = frozenset({"failed", "denied"})
 TERMINAL = OK_STATES | FAILED_STATES | {"cancelled"}
@@ -74,6 +90,7 @@ class Reason:
     """Condition reasons (docs/rollback.md lists them)."""
 
     PLANNED = "Planned"
+    WAITING_FOR_CALLS = "WaitingForCalls"  # fenced: calls written ahead are still in flight
     PLAN_FAILED = "PlanFailed"
     PLAN_TOO_LARGE = "PlanTooLarge"
     NO_IMAGE = "NoImage"
@@ -106,7 +123,7 @@ def live_entries(entries: Sequence[Entry]) -> list[Entry]:
     return [e for e in entries if e.state in LIVE_STATES and e.effect not in NO_EFFECT]
 
 
-Change = Callable[[Entry], Entry]
+Change = AnyWrite  # every entry change is a lifecycle write (ledger/rollback_rules.py)
 
 
 @dataclass(frozen=True)
@@ -133,6 +150,11 @@ class LedgerView:
     entries: list[Entry]
     requester: dict[str, Any] | None = None  # RollbackStatus.requestedBy, the stamp checked
     live: int | None = None  # status.live as read
+    pages: int = 1  # the run's pages
+    fenced_pages: int = 0  # how many of them carry the rollback's fence (status.fence)
+    # Who holds the key of each keyed pending entry (by id), read from the Leases; None:
+    # not read (the planner then asks the ledger alone).
+    holders: Mapping[str, Holder | None] | None = None
 
 
 @dataclass(frozen=True)
@@ -151,10 +173,14 @@ class Decision:
     jobs: list[dict[str, Any]] = field(default_factory=list)  # Job bodies to create
     delete_jobs: list[str] = field(default_factory=list)
     events: list[Event] = field(default_factory=list)
+    fence: dict[str, Any] | None = None  # write into every page that has none (status.fence)
+    lift_fence: bool = False  # the request was withdrawn: remove the fence from every page
+    waiting: bool = False  # for calls in flight: look again soon
 
     @property
     def empty(self) -> bool:
-        return not (self.status or self.changes or self.jobs or self.delete_jobs or self.events)
+        return not (self.status or self.changes or self.jobs or self.delete_jobs or self.events
+                    or self.fence or self.lift_fence)
 
 
 def decide(ledger: LedgerView, versions: Callable[[], Versions], jobs: Mapping[str, JobView],
@@ -205,6 +231,7 @@ class _Pass:
         self._identity = ledger_identity(ctx.namespace, ledger.uid, ledger.entries)
         self.now = stamp(ctx.now)
         self.rb: dict[str, Any] | None = None
+        self.waiting: list[Entry] = []  # calls in flight a new request waits for
         self.original = ledger.rollback
         if ledger.rollback is not None:
             try:
@@ -260,14 +287,40 @@ class _Pass:
             self._finish_if_done()
         if req.requested and not current:
             running = [s for s in self.steps if s["state"] == "running"]
-            if not running:
+            if not running and self._closed():
                 self._freeze()
         elif req.requested and current and rb is not None and not rb.get("finished") \
                 and not rb.get("error"):
             self._replan_if_found()
             self._advance()
             self._finish_if_done()
+        if not req.requested and self.ledger.fenced_pages:
+            self.out.lift_fence = True  # withdrawn: the run takes calls again
         self._conditions()
+
+    def _closed(self) -> bool:
+        """Fence the run (every page, in this pass's conditional writes), deny what still
+        awaits approval, and say whether the calls written ahead are all over: only then
+        is the plan made (ledger/rollback_rules.py)."""
+        by = (self.ledger.requester or {}).get("user")
+        fence = Fence(since=self.now, by=by if isinstance(by, str) else None,
+                      reason=self.request.reason, generation=self.ledger.generation)
+        if self.ledger.fenced_pages < self.ledger.pages:
+            self.out.fence = fence.to_json()
+        for entry in rules.awaiting(list(self.entries.values())):
+            self._change(entry.id, rules.deny_for_rollback(entry, fence, self.ledger.name))
+        self.waiting = rules.in_flight(list(self.entries.values()), self.ctx.now)
+        if not self.waiting:
+            return True
+        self.out.waiting = True
+        return False
+
+    def _waiting_message(self) -> str:
+        until = rules.last_deadline(self.waiting)
+        ids = ", ".join(e.id for e in self.waiting[:5]) + (", ..." if len(self.waiting) > 5 else "")
+        return (f"the run is closed to new calls; waiting for {_n(len(self.waiting), 'call')} in "
+                f"flight to finish or pass its deadline ({ids}; until "
+                f"{stamp(until) if until else 'their deadlines'} at the latest), then the plan is made")
 
     def _freeze(self) -> None:
         req, v = self.request, None
@@ -285,12 +338,14 @@ class _Pass:
         try:
             v = self.versions()
             plan = make_plan(self.ledger.name, list(self.entries.values()), v, now=self.ctx.now,
-                             selection=Selection(tuple(req.entries), req.since))
+                             selection=Selection(tuple(req.entries), req.since),
+                             holders=self.ledger.holders)
         except PlanError as exc:
             rb.update(error=str(exc), reason=Reason.PLAN_FAILED, finished=self.now)
             self._event("Warning", Reason.PLAN_FAILED, f"no rollback plan: {exc}")
             return
         rb["steps"], rb["skipped"] = self._frozen(plan.steps, 1)
+        self._never_sent(plan.steps)
         size = len(json.dumps(rb["steps"]).encode())
         if size > MAX_FROZEN_BYTES:
             rb.update(steps=[], error=f"the plan has {len(plan.steps)} steps ({size // 1024} KiB), "
@@ -305,6 +360,18 @@ class _Pass:
         self._replan_if_found()
         self._advance()
         self._finish_if_done()
+
+    def _never_sent(self, steps: Sequence[Step]) -> None:
+        """The pending entries skipped because they never ran are recorded refused, as
+        their gateway would have (ledger/rollback_rules.py: never_sent)."""
+        entries = list(self.entries.values())
+        for s in steps:
+            entry = self.entries.get(s.entry)
+            if s.action != "skip" or entry is None or entry.state != "pending":
+                continue
+            why = never_ran(self.ledger.name, entry, entries, self.ledger.holders)
+            if why is not None and deadline_passed(entry, self.ctx.now):
+                self._change(entry.id, rules.never_sent(entry, why, self.ctx.now))
 
     def _frozen(self, steps: Sequence[Step], first: int) -> tuple[list[dict[str, Any]], int]:
         out: list[dict[str, Any]] = []
@@ -342,7 +409,8 @@ class _Pass:
         req = self.request
         try:
             plan = make_plan(self.ledger.name, list(self.entries.values()), self.versions(),
-                             now=self.ctx.now, selection=Selection(tuple(req.entries), req.since))
+                             now=self.ctx.now, selection=Selection(tuple(req.entries), req.since),
+                             holders=self.ledger.holders)
         except PlanError as exc:
             rb["replanned"] = self.now
             for s in self.steps:
@@ -412,13 +480,15 @@ class _Pass:
             s.update(state="skipped", message="the entry is no longer in the ledger")
             return
         lookup = s["action"] == "lookup"
-        if lookup and entry.state not in LOOKUP_STATES:
+        if lookup and entry.state not in rules.LOOKUP_STATES:
             s.update(state="succeeded", outcome="resolved", message=f"resolved meanwhile: the entry is {entry.state}")
             return
+        if lookup and not rules.may_look_up(entry, self.ctx.now):
+            return  # its call may still be in flight: never looked up before its deadline
         if not lookup and entry.state == "undone":
             s.update(state="succeeded", outcome="undone", message="already undone")
             return
-        if not lookup and entry.state not in UNDOABLE_STATES:
+        if not lookup and not rules.may_undo(entry):
             s.update(state="skipped", message=f"the entry is {entry.state} now: nothing to undo")
             return
         approved: dict[str, Any] | None = None
@@ -464,10 +534,12 @@ class _Pass:
         s.update(state="running", job=name, attempts=int(s.get("attempts", 0)) + 1, started=self.now)
         self.out.jobs.append(body)
         if s["action"] == "lookup":
-            self._change(entry.id, _lookup_begin(name, s.get("undo_tool"), self.now))
+            self._change(entry.id, rules.lookup_begin(entry, name, s.get("undo_tool"), self.now,
+                                                      self.ctx.now))
         else:
             assert isinstance(step, Step)
-            self._change(entry.id, _undo_begin(step, s.get("idempotency_key"), name, self.now, approved))
+            self._change(entry.id, rules.undo_begin(entry, step, s.get("idempotency_key"), by=BY,
+                                                    started=self.now, job=name, approved=approved))
 
     def _body(self, step: Step, entry: Entry, name: str, label: str) -> dict[str, Any] | str:
         v = self.versions()
@@ -494,8 +566,8 @@ class _Pass:
             s.update(state="failed", message=f"the Job could not be created: {self.refused[name]}",
                      finished=self.now)
             if s["action"] != "lookup":
-                self._change(s["entry"], _undo_end({"outcome": "not_started", "entry_state": "undo_failed",
-                                                    "reason": s["message"], "finished": self.now}))
+                self._change(s["entry"], rules.undo_end({"outcome": "not_started", "entry_state": "undo_failed",
+                                                         "reason": s["message"], "finished": self.now}))
             self._event("Warning", "StepFailed", f"{self._label(s)}: {s['message']}")
             return
         job = self.jobs.get(str(name))
@@ -539,8 +611,8 @@ class _Pass:
         if result.get("first_mismatch"):
             s["first_mismatch"] = result["first_mismatch"]
         # An undone entry no longer holds its idempotency key: the gateway breaks the key's
-        # Lease when the next call with that key comes (gateway/enforce.py).
-        self._change(s["entry"], _undo_end(result))
+        # Lease when the next call with that key comes (gateway/keylocks.py).
+        self._change(s["entry"], rules.undo_end(result))
 
     def _record_lookup(self, s: dict[str, Any], job: JobView, result: dict[str, Any] | None) -> None:
         if result is None:
@@ -553,7 +625,10 @@ class _Pass:
         self._lookup_end(s["entry"], result)
 
     def _lookup_end(self, entry_id: str, result: dict[str, Any]) -> None:
-        self._change(entry_id, _lookup_done(result))
+        entry = self.entries.get(entry_id)
+        if entry is None or entry.state not in rules.LOOKUP_STATES:
+            return  # resolved meanwhile: the lookup's result is not this pass's to record
+        self._change(entry_id, rules.lookup_end(entry.state, result, self.ctx.now))
 
     def _finish_if_done(self) -> None:
         rb = self.rb
@@ -597,13 +672,20 @@ class _Pass:
     # ---- conditions ---------------------------------------------------------------
     def _conditions(self) -> None:
         rb, gen, now = self.rb, self.ledger.generation, self.now
-        if rb is None:
+        if rb is None and not self.waiting:
             return
         conds = list(self.ledger.conditions)
 
         def put(type_: str, status: Any, reason: str, message: str) -> None:
             nonlocal conds
             conds = set_condition(conds, type_, status, reason, message or reason, gen, now)
+        if self.waiting:
+            put(PLANNED, "Unknown", Reason.WAITING_FOR_CALLS, self._waiting_message())
+            put(ROLLED_BACK, "False", Reason.WAITING_FOR_CALLS, self._waiting_message())
+            if conds != self.ledger.conditions:
+                self.out.status["conditions"] = clean(conds)
+            return
+        assert rb is not None
         failed = [s for s in self.steps if s["state"] in FAILED_STATES]
         waiting_new = self.request.requested and rb["generation"] != gen
         if waiting_new:
@@ -654,8 +736,9 @@ class _Pass:
             return  # the rollback's own lookup steps do it
         started = 0
         for entry in list(self.entries.values()):
-            if entry.state != "uncertain" or started >= self.ctx.parallelism:
-                continue
+            if entry.state != "uncertain" or started >= self.ctx.parallelism \
+                    or not rules.may_look_up(entry, self.ctx.now):
+                continue  # (before its deadline the upstream may still apply the call)
             record = dict((entry.undo or {}).get("lookup") or {})
             name, attempts = record.get("job"), int(record.get("attempts") or 0)
             if name and not record.get("outcome"):
@@ -684,12 +767,13 @@ class _Pass:
         body = self._body(step, entry, name, "lookup")
         if isinstance(body, str):
             if not recreate:
-                self._change(entry.id, _lookup_done({"outcome": "lookup_failed", "reason": body,
-                                                     "finished": self.now}))
+                self._lookup_end(entry.id, {"outcome": "lookup_failed", "reason": body,
+                                            "finished": self.now})
             return 0
         self.out.jobs.append(body)
         if not recreate:
-            self._change(entry.id, _lookup_begin(name, step.undo_tool, self.now))
+            self._change(entry.id, rules.lookup_begin(entry, name, step.undo_tool, self.now,
+                                                      self.ctx.now))
         return 1
 
     # ---- a failed pass, over -------------------------------------------------------
@@ -727,68 +811,10 @@ class _Pass:
         return self.out
 
 
-# ---- entry changes (pure functions of the entry, as the store contract asks) ----
+# ---- entry changes: lifecycle writes (ledger/rollback_rules.py), one after the other ----
 
 def _then(first: Change, second: Change) -> Change:
-    return lambda e: second(first(e))
-
-
-def _undo_begin(step: Step, key: str | None, job: str, now: str, approved: dict[str, Any] | None) -> Change:
-    def change(e: Entry) -> Entry:
-        if e.state not in UNDOABLE_STATES:
-            raise Stale(e.state)
-        undo: dict[str, Any] = {"action": step.action, "tool": step.undo_tool,
-                                "arguments": step.arguments, "residue": list(step.residue),
-                                "idempotency_key": key, "by": BY, "job": job, "started": now,
-                                "tries": int((e.undo or {}).get("tries", 0)) + 1}
-        if approved is not None:
-            undo["approved_by"] = approved
-        if e.undo and "lookup" in e.undo:
-            undo["lookup"] = e.undo["lookup"]
-        return e.model_copy(update={"state": "undoing", "undo": undo})
-    return change
-
-
-def _undo_end(result: dict[str, Any]) -> Change:
-    def change(e: Entry) -> Entry:
-        if e.state != "undoing":
-            raise Stale(e.state)
-        undo = {**(e.undo or {}), **{k: result.get(k) for k in (
-            "outcome", "reason", "first_mismatch", "call", "verification", "finished")
-            if result.get(k) is not None}}
-        return e.model_copy(update={"state": result.get("entry_state") or "undo_failed", "undo": undo})
-    return change
-
-
-def _lookup_begin(job: str, tool: str | None, now: str) -> Change:
-    def change(e: Entry) -> Entry:
-        if e.state not in LOOKUP_STATES:
-            raise Stale(e.state)
-        before = (e.undo or {}).get("lookup") or {}
-        record = {"tool": tool, "job": job, "attempts": int(before.get("attempts") or 0) + 1,
-                  "started": now}
-        return e.model_copy(update={"undo": {**(e.undo or {}), "lookup": record}})
-    return change
-
-
-def _lookup_done(result: dict[str, Any]) -> Change:
-    def change(e: Entry) -> Entry:
-        if e.state not in LOOKUP_STATES:
-            raise Stale(e.state)
-        before = (e.undo or {}).get("lookup") or {}
-        record = {**before, **{k: result.get(k) for k in ("outcome", "reason", "call", "finished")
-                               if result.get(k) is not None}}
-        undo = {**(e.undo or {}), "lookup": record}
-        if result.get("outcome") == "found" and isinstance(result.get("handle"), dict):
-            return e.model_copy(update={"state": "succeeded", "undo": undo,
-                                        "handle": Handle.model_validate(result["handle"]),
-                                        "warnings": [*e.warnings, "found by its lookup after the "
-                                                     "answer was lost"]})
-        if result.get("outcome") == "not_found":
-            return e.model_copy(update={"state": "failed", "undo": undo, "error": EntryError(
-                code="not_found", message=f"the lookup found no effect: {result.get('reason')}")})
-        return e.model_copy(update={"undo": undo})
-    return change
+    return first.then(second)
 
 
 def _lookup_event(entry: Entry, result: dict[str, Any]) -> tuple[str, str, str]:

@@ -1,4 +1,12 @@
-"""The local rollback: run a plan's steps in order against a ledger file, and record each.
+"""The local rollback: fence the run, wait for its calls in flight, then run a plan's steps in
+order against a ledger file, and record each.
+
+First the run is closed to new calls (``FileStore.fence_sync``: the fence is written into
+the run's first page under the run's lock, which every gateway's write-ahead holds too),
+the entries still awaiting approval are denied (their call never runs), and the rollback
+waits until every call written ahead has finished or passed its deadline (``say`` reports
+what it waits for). Only then is the plan made, with the holders of the pending entries'
+key locks (``ledger/rollback_rules.py``: the rules the operator's rollback uses too).
 
 Each undo is written ahead like a call: the entry becomes ``undoing`` (with the step's
 idempotency key) before the upstream sees the undo, then ``undone`` or ``undo_failed``
@@ -14,6 +22,7 @@ look before anything else changes. Running it again retries from there.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 from collections.abc import Callable
@@ -22,20 +31,22 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from ..ledger.entry import Entry, EntryError, Handle, now, stamp
+from ..ledger import rollback_rules as rules
+from ..ledger.entry import Entry, now, parse_stamp, stamp
+from ..ledger.fence import Fence
 from ..ledger.filestore import FileLocks, FileStore, LedgerDirError, write_atomic
-from ..ledger.plan import UNDOING, Plan, Selection, Step, Versions, make_plan
+from ..ledger.lifecycle import AnyWrite, deadline_passed
+from ..ledger.plan import UNDOING, Plan, Selection, Step, Versions, make_plan, never_ran
 from ..ledger.stepinput import StepInput, ledger_identity, step_input
-from ..ledger.store import EntryMissing, Stale, StoreUnavailable, lock_name
+from ..ledger.store import EntryMissing, Holder, Stale, StoreUnavailable
 from ..upstream.client import Upstream
 from ..upstream.secrets import Secrets
 from .runner import Sleep, run_step
 from .sources import SourceError, read_ledger_file
 
-# Entry states an undo may start from (``undoing``: resumed; ``undo_failed``: retried).
-UNDOABLE_STATES = frozenset({"succeeded", "undoing", "undo_failed"})
-LOOKUP_STATES = frozenset({"uncertain", "pending"})
 Report = Callable[[Step, dict[str, Any]], None]
+Say = Callable[[str], None]
+POLL_SECONDS = 0.2  # how often the wait for calls in flight reads the ledger again
 
 
 @dataclass
@@ -87,21 +98,98 @@ def open_ledger(path: str | Path) -> LocalLedger:
 
 def plan_local(ledger: LocalLedger, versions: Versions, selection: Selection,
                moment: datetime | None = None) -> Plan:
-    return make_plan(ledger.name, ledger.entries(), versions, now=moment or now(),
-                     selection=selection)
+    entries = ledger.entries()
+    return make_plan(ledger.name, entries, versions, now=moment or now(), selection=selection,
+                     holders=holders(ledger, entries))
+
+
+def holders(ledger: LocalLedger, entries: list[Entry]) -> dict[str, Holder | None]:
+    """Who holds the key of each keyed pending entry (the lock files beside the ledger,
+    shared by every run of the folder): the planner's evidence of which never ran."""
+    return {entry_id: ledger.locks.peek_sync(name)
+            for entry_id, name in rules.keyed_pending(ledger.run, entries).items()}
+
+
+def settle_never_sent(ledger: LocalLedger, plan: Plan, clock: Callable[[], datetime]) -> None:
+    """The pending entries the plan skips because they never ran (their key's lock names
+    another entry, or none) are recorded refused, as their gateway would have: no rollback
+    leaves them pending for good."""
+    entries = ledger.entries()
+    by_id = {e.id: e for e in entries}
+    held = holders(ledger, entries)
+    moment = clock()
+    for step in plan.steps:
+        entry = by_id.get(step.entry)
+        if step.action != "skip" or entry is None or entry.state != "pending":
+            continue
+        why = never_ran(ledger.name, entry, entries, held)
+        if why is None or not deadline_passed(entry, moment):
+            continue
+        with contextlib.suppress(Stale, EntryMissing):
+            ledger.store.transition_sync(ledger.run, entry.id, rules.never_sent(entry, why, moment))
+
+
+def close_run(ledger: LocalLedger, by: str, clock: Callable[[], datetime],
+              reason: str | None = None) -> Fence:
+    """Fence the run and deny what still awaits approval (freeing those keys)."""
+    fence = ledger.store.fence_sync(ledger.run, Fence(since=stamp(clock()), by=by, reason=reason))
+    for entry in rules.awaiting(ledger.entries()):
+        try:
+            denied = ledger.store.transition_sync(ledger.run, entry.id,
+                                                  rules.deny_for_rollback(entry, fence, ledger.name))
+        except (Stale, EntryMissing):
+            continue  # decided meanwhile
+        _free_key(ledger, entry, denied)
+    return fence
+
+
+async def wait_for_calls(ledger: LocalLedger, clock: Callable[[], datetime], say: Say,
+                         pause: Sleep = asyncio.sleep) -> None:
+    """Until no call of the run may still be in flight (each finished, or past its deadline)."""
+    told: set[str] = set()
+    while True:
+        moment = clock()
+        flying = rules.in_flight(ledger.entries(), moment)
+        if not flying:
+            if told:
+                say("the calls in flight are over: planning")
+            return
+        ids = {e.id for e in flying}
+        if not ids <= told:
+            until = rules.last_deadline(flying)
+            say(f"run {ledger.run} is closed to new calls; waiting for {len(flying)} "
+                f"call{'' if len(flying) == 1 else 's'} in flight to finish "
+                f"({', '.join(sorted(ids)[:5])}{', ...' if len(ids) > 5 else ''}; "
+                f"until {stamp(until) if until else 'their deadline'} at the latest)")
+            told |= ids
+        soonest = min(parse_stamp(e.deadline) for e in flying if e.deadline)
+        await pause(max(0.01, min(POLL_SECONDS, (soonest - moment).total_seconds())))
 
 
 async def execute(ledger: LocalLedger, plan: Plan, versions: Versions, selection: Selection, *,
                   by: str, secrets: Secrets, report: Report, sleep: Sleep | None = None,
                   clock: Callable[[], datetime] = now, moment: datetime | None = None,
-                  upstream: Upstream | None = None) -> Summary:
-    """Run ``plan`` (shown to and confirmed by ``by``; made as of ``moment``, default now)
-    and record every outcome. ``upstream``: the client the steps call through (default:
-    one of its own, closed at the end; the simulation in tests/sim gives its fake)."""
+                  upstream: Upstream | None = None, say: Say | None = None,
+                  reason: str | None = None, pause: Sleep = asyncio.sleep) -> Summary:
+    """Fence the run, wait for its calls in flight, then run the plan, made again now (the
+    ``plan`` shown to and confirmed by ``by`` may have grown since: ``say`` tells), and
+    record every outcome. ``moment``: plan as of then (default now). ``upstream``: the
+    client the steps call through (default: one of its own, closed at the end; the
+    simulation in tests/sim gives its fake)."""
     summary = Summary()
+    tell: Say = say or (lambda _: None)
+    close_run(ledger, by, clock, reason)
+    await wait_for_calls(ledger, clock, tell, pause)
+    shown = plan
+    plan = plan_local(ledger, versions, selection, moment or clock())
+    if plan.to_json() != shown.to_json():
+        n = len(plan.runnable())
+        tell(f"the run changed since the plan was shown: planned again, {n} "
+             f"step{'' if n == 1 else 's'} to run (the plan shown had {len(shown.runnable())})")
+    settle_never_sent(ledger, plan, clock)
     own = upstream is None
-    if upstream is None:  # a local rollback starts a stdio MCP server as the gateway did
-        upstream = Upstream(commands=True)
+    # a local rollback starts a stdio MCP server as the gateway did
+    client = upstream if upstream is not None else Upstream(commands=True)
     extra: dict[str, Any] = {"sleep": sleep} if sleep is not None else {}
     _freeze(ledger, plan, selection, by, clock, None)
 
@@ -116,7 +204,7 @@ async def execute(ledger: LocalLedger, plan: Plan, versions: Versions, selection
     try:
         found = False
         for step in [s for s in plan.steps if s.action == "lookup"]:
-            result = await _lookup(ledger, step, versions, upstream, secrets, extra, clock)
+            result = await _lookup(ledger, step, versions, client, secrets, extra, clock)
             if result is None:
                 continue
             if stops(step, result):
@@ -127,13 +215,13 @@ async def execute(ledger: LocalLedger, plan: Plan, versions: Versions, selection
             steps = list(plan_local(ledger, versions, selection, moment or clock()).steps)
         summary.left = [s for s in steps if s.action in ("not_undoable", "unrecoverable")]
         for step in [s for s in steps if s.action in UNDOING]:
-            result = await _undo(ledger, step, versions, by, upstream, secrets, extra, clock)
+            result = await _undo(ledger, step, versions, by, client, secrets, extra, clock)
             if result is not None and stops(step, result):
                 return summary
         return summary
     finally:
         if own:
-            await upstream.aclose()
+            await client.aclose()
         _freeze(ledger, plan, selection, by, clock, summary)
 
 
@@ -141,30 +229,16 @@ async def _lookup(ledger: LocalLedger, step: Step, versions: Versions, upstream:
                   secrets: Secrets, extra: dict[str, Any], clock: Callable[[], datetime]
                   ) -> dict[str, Any] | None:
     entry = ledger.store.get_sync(ledger.run, step.entry)
-    if entry is None or entry.state not in LOOKUP_STATES:
-        return None  # resolved meanwhile
+    if entry is None or not rules.may_look_up(entry, clock()):
+        return None  # resolved meanwhile (or, never, still in flight: the wait came first)
     spec = StepInput.model_validate(step_input(ledger.name, step, entry, versions,
                                                identity=ledger.identity))
     result = await run_step(spec, upstream, secrets, clock=clock, **extra)
-    lookup = {k: result.get(k) for k in ("tool", "outcome", "reason", "call", "finished")}
-
-    def change(e: Entry) -> Entry:
-        if e.state not in LOOKUP_STATES:
-            raise Stale(e.state)
-        undo = {**(e.undo or {}), "lookup": lookup}
-        if result["outcome"] == "found":
-            return e.model_copy(update={"state": "succeeded", "undo": undo,
-                                        "handle": Handle.model_validate(result["handle"]),
-                                        "warnings": [*e.warnings, "found by its lookup after "
-                                                     "the answer was lost"]})
-        if result["outcome"] == "not_found":
-            return e.model_copy(update={"state": "failed", "undo": undo, "error": EntryError(
-                code="not_found", message=f"the lookup found no effect: {result['reason']}")})
-        return e.model_copy(update={"undo": undo})
-    if not _record(ledger, step, change, result):
+    counts, done = _record(ledger, step, rules.lookup_end(entry.state, result, clock(),
+                                                          fresh=True), result)
+    if not counts:
         return None
-    if result["outcome"] == "not_found":
-        _free_key(ledger, entry)
+    _free_key(ledger, entry, done)
     return result
 
 
@@ -172,27 +246,15 @@ async def _undo(ledger: LocalLedger, step: Step, versions: Versions, by: str,
                 upstream: Upstream, secrets: Secrets, extra: dict[str, Any],
                 clock: Callable[[], datetime]) -> dict[str, Any] | None:
     entry = ledger.store.get_sync(ledger.run, step.entry)
-    if entry is None or entry.state not in UNDOABLE_STATES:
+    if entry is None or not rules.may_undo(entry):
         return None  # undone meanwhile (another rollback), or no longer undoable
     spec = StepInput.model_validate(step_input(ledger.name, step, entry, versions,
                                                identity=ledger.identity))
-    started = stamp(clock())
-
-    def begin(e: Entry) -> Entry:
-        if e.state not in UNDOABLE_STATES:
-            raise Stale(e.state)
-        tries = int((e.undo or {}).get("tries", 0)) + 1
-        undo: dict[str, Any] = {"action": step.action, "tool": step.undo_tool,
-                                "arguments": step.arguments, "residue": list(step.residue),
-                                "idempotency_key": spec.idempotency_key, "by": by,
-                                "started": started, "tries": tries}
-        if step.requires_approval:
-            undo["approved_by"] = {"user": by, "identities": "self-declared"}
-        if e.undo and "lookup" in e.undo:
-            undo["lookup"] = e.undo["lookup"]
-        return e.model_copy(update={"state": "undoing", "undo": undo})
+    approved = {"user": by, "identities": "self-declared"} if step.requires_approval else None
+    begin = rules.undo_begin(entry, step, spec.idempotency_key, by=by, started=stamp(clock()),
+                             approved=approved)
     try:
-        ledger.store.update_sync(ledger.run, step.entry, begin)
+        ledger.store.transition_sync(ledger.run, step.entry, begin)
     except (Stale, EntryMissing):
         return None
     except StoreUnavailable as exc:  # nothing ran: no undo without its record
@@ -201,40 +263,38 @@ async def _undo(ledger: LocalLedger, step: Step, versions: Versions, by: str,
                 "reason": f"the ledger cannot be written, so the undo was not run: {exc}",
                 "first_mismatch": None}
     result = await run_step(spec, upstream, secrets, clock=clock, **extra)
-
-    def finish(e: Entry) -> Entry:
-        if e.state != "undoing":
-            raise Stale(e.state)
-        undo = {**(e.undo or {}), **{k: result.get(k) for k in (
-            "outcome", "reason", "first_mismatch", "call", "verification", "finished")}}
-        return e.model_copy(update={"state": result["entry_state"], "undo": undo})
-    if not _record(ledger, step, finish, result):
+    counts, done = _record(ledger, step, rules.undo_end(result, keep_empty=True), result)
+    if not counts:
         return None
-    if result["entry_state"] == "undone":
-        _free_key(ledger, entry)
+    _free_key(ledger, entry, done)
     return result
 
 
-def _record(ledger: LocalLedger, step: Step, change: Callable[[Entry], Entry],
-            result: dict[str, Any]) -> bool:
+def _record(ledger: LocalLedger, step: Step, write: AnyWrite,
+            result: dict[str, Any]) -> tuple[bool, Entry | None]:
+    """Write the step's outcome: whether the result counts, and the entry as written. False:
+    another writer moved the entry, the result is not this rollback's to record. An outcome
+    the ledger cannot take counts, marked failed (it stops the rollback; a re-run finishes
+    it), and the entry is left as it was (None)."""
     try:
-        ledger.store.update_sync(ledger.run, step.entry, change)
+        return True, ledger.store.transition_sync(ledger.run, step.entry, write)
     except (Stale, EntryMissing):
-        return False
-    except StoreUnavailable as exc:  # the outcome is not recorded: stop, a re-run finishes it
+        return False, None
+    except StoreUnavailable as exc:
         result.update(ok=False, reason=f"{result['reason']}; but the ledger could not record "
                       f"it: {exc}")
-    return True
+        return True, None
 
 
-def _free_key(ledger: LocalLedger, entry: Entry) -> None:
-    """An undone (or never happened) entry's key is free again: remove its lock file."""
-    if entry.key is None or entry.scope is None:
+def _free_key(ledger: LocalLedger, before: Entry, after: Entry | None) -> None:
+    """An entry that gave its key up (undone, never happened, denied): its lock file goes,
+    if it still names the entry."""
+    name = rules.lock_of(ledger.run, before)
+    if name is None or after is None or not rules.frees_key(before, after):
         return
-    name = lock_name(entry.scope, run=ledger.run, actor=entry.actor, tool=entry.tool, key=entry.key)
     # A lock left behind is broken by the gateway: the entry no longer holds its key.
     with contextlib.suppress(OSError):
-        ledger.locks.release_entry_sync(name, ledger.run, entry.id)
+        ledger.locks.release_entry_sync(name, ledger.run, before.id)
 
 
 def _freeze(ledger: LocalLedger, plan: Plan, selection: Selection, by: str,

@@ -14,6 +14,7 @@ STATUS = {
     "not_found": 404,
     "duplicate": 409,
     "requires_not_met": 409,
+    "rolled_back": 409,
     "payload_too_large": 413,
     "unsupported_media_type": 415,
     "untrusted_host": 421,
