@@ -145,7 +145,6 @@ def test_a_labelled_pod_bringing_its_own_unwind_gateway_is_refused_by_the_api_se
     core.create_namespaced_secret(namespace, {"metadata": {"name": "shop-api"}, "stringData": {"token": "s3cret"}})
     apply(kubeconfig, namespace, tm("get-order", SHOP))
     wait_for("published", lambda: enforced(k8s_api, namespace) == {"shop.get_order": 1})
-    wait_for("the default token controller", lambda: core.read_namespaced_service_account("agent", namespace).secrets)
     pod = labelled_pod("impostor", ["sleep", "1"])
     pod["spec"]["containers"][0]["env"] = [
         {"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "shop-api", "key": "token"}}}]
