@@ -82,10 +82,21 @@ def test_nothing_moves_an_entry_out_of_undone_or_denied() -> None:
     assert not [t for t in TRANSITIONS if t.source in ("undone", "denied")]
 
 
-def test_only_a_rollback_or_a_lookup_changes_an_entry_whose_call_ended() -> None:
+def test_only_a_rollback_a_lookup_or_a_person_changes_an_entry_whose_call_ended() -> None:
     for t in TRANSITIONS:
         if t.source in ("succeeded", "uncertain", "undoing", "undo_failed"):
-            assert t.writers <= {"rollback", "lookup"}, t
+            if t.writers == {"gateway"}:  # only to record its own read after the call
+                assert (t.source, t.target) == ("succeeded", "succeeded"), t
+                continue
+            assert t.writers <= {"rollback", "lookup", "person"}, t
+
+
+def test_a_person_only_settles_and_nobody_moves_a_settled_or_moot_entry() -> None:
+    assert {t.target for t in TRANSITIONS if "person" in t.writers} == {"settled"}
+    assert all(t.writers == {"person"} for t in TRANSITIONS if t.target == "settled")
+    assert not [t for t in TRANSITIONS if t.source in ("settled", "moot")]
+    assert {t.source for t in TRANSITIONS if t.target == "moot"} == {
+        "succeeded", "undo_failed", "undoing"}
 
 
 def test_the_key_effect_of_each_row_is_what_its_states_say_and_a_wrong_row_fails_at_import(
@@ -96,7 +107,7 @@ def test_the_key_effect_of_each_row_is_what_its_states_say_and_a_wrong_row_fails
         assert t.key == {(False, True): "take", (True, True): "hold", (True, False): "free",
                          (False, False): "none"}[(before, holds[t.target])]
     assert {"awaiting_approval", "pending", "succeeded", "uncertain", "undoing",
-                       "undo_failed"} == HOLDING
+                       "undo_failed", "settled"} == HOLDING
     wrong = lifecycle._t("pending", "failed", "gateway", "hold", "a row that says the wrong thing")
     monkeypatch.setattr(lifecycle, "TRANSITIONS", (*TRANSITIONS, wrong))
     with pytest.raises(AssertionError, match="pending -> failed"):

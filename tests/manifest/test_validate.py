@@ -269,6 +269,20 @@ CASES = [
      "input_schema.$schema", "2020-12 only"),
     ("an input_schema that is not an object schema is refused",
      with_(input_schema={"type": "array"}), "input_schema.type", "write type: object"),
+    ("an undo reading $current needs the read before the undo",
+     with_(compensation__argument_map={"order_id": "$result.id", "rev": "$current._rev"}),
+     "compensation.argument_map.rev", "compensation.current is not declared"),
+    ("an undo header is an HTTP header name",
+     with_(compensation__headers={"If Match": "$result.rev"}),
+     "compensation.headers.If Match", "is not an HTTP header name"),
+    ("an object key cannot read the state read before the undo",
+     with_(compensation__current={"tool": "shop.get_order", "arguments": {"id": "$result.id"}},
+           compensation__object=["$current.id"]),
+     "compensation.object[0]", "an object key cannot read $current"),
+    ("a read after the call serves only a capture's divergence check",
+     with_(compensation__verification={"tool": "shop.get_order", "arguments": {"order_id": "$result.id"},
+                                       "expect": {"state": "cancelled"}, "after_call": True}),
+     "compensation.verification.after_call", "without a capture there is none"),
 ]
 
 
@@ -308,6 +322,14 @@ def parsed(*datas: dict[str, Any]) -> list[Any]:
 
 def test_a_complete_set_is_valid() -> None:
     assert validate_set(parsed(BASE, READ, CANCEL)) == []
+
+
+def test_the_read_before_an_undo_must_be_a_read_only_tool_of_the_set() -> None:
+    current = with_(compensation__current={"tool": "shop.cancel_order",
+                                           "arguments": {"order_id": "$result.id"}})
+    found = [(i.path, i.message) for i in validate_set(parsed(current, READ, CANCEL))]
+    assert found == [("compensation.current.tool", "'shop.cancel_order' is idempotent; a "
+                      "read-back tool must be read_only")]
 
 
 def test_a_missing_compensation_tool_is_named() -> None:

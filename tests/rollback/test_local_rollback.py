@@ -33,6 +33,12 @@ def approved_charge(gateway: GatewayProc, run: str, key: str, args: dict[str, An
     return gateway.call("stripe.create_charge", args, run=run, key=key)
 
 
+def OBJ(**values: Any) -> str:  # noqa: N802 - reads as the plan's field
+    """The plan's object key: the read-back's arguments, values as text (ledger/objects.py)."""
+    return json.dumps({k: str(v) for k, v in values.items()}, sort_keys=True,
+                      separators=(",", ":"))
+
+
 def since(upstream: UpstreamProc, before: int) -> dict[str, Any]:
     """The requests the upstream got after the first ``before``, and their count by route."""
     requests = upstream.admin("requests")["requests"][before:]
@@ -64,7 +70,9 @@ def test_a_run_of_a_charge_a_comment_an_issue_and_a_staged_release_is_planned_an
          "undo_tool": "github.delete_release",
          "arguments": {"repo": "octo/hello", "release_id": release.json()["id"]}, "residue": [],
          "requires_approval": False,
-         "reason": "a staged draft (never promoted): github.delete_release throws it away"},
+         "reason": "a staged draft (never promoted): github.delete_release throws it away",
+         "object": None, "headers": {},
+         "read_before": None},
         {"entry": "i-1", "tool": "github.create_issue", "action": "compensate",
          "undo_tool": "github.close_issue",
          "arguments": {"repo": "octo/hello", "number": issue.json()["number"],
@@ -72,18 +80,23 @@ def test_a_run_of_a_charge_a_comment_an_issue_and_a_staged_release_is_planned_an
          "residue": ["the issue number stays taken and the issue can still be read, closed",
                      "watchers were already notified"], "requires_approval": False,
          "reason": "compensable: github.close_issue makes amends, read back with "
-                   "github.get_issue; it leaves residue"},
+                   "github.get_issue; it leaves residue",
+         "object": OBJ(number=issue.json()["number"], repo="octo/hello"), "headers": {},
+         "read_before": None},
         {"entry": "c-1", "tool": "github.create_comment", "action": "inverse",
          "undo_tool": "github.delete_comment",
          "arguments": {"repo": "octo/hello", "comment_id": comment.json()["id"]}, "residue": [],
          "requires_approval": False,
-         "reason": plan.json()["steps"][2]["reason"]},
+         "reason": plan.json()["steps"][2]["reason"],
+         "object": OBJ(comment_id=comment.json()["id"], repo="octo/hello"), "headers": {},
+         "read_before": None},
         {"entry": "pay-1", "tool": "stripe.create_charge", "action": "compensate",
          "undo_tool": "stripe.refund", "arguments": {"charge_id": charge.json()["id"], "amount": 2500},
          "residue": ["the charge still appears on the customer's statement"],
          "requires_approval": False,
          "reason": "compensable: stripe.refund makes amends, read back with stripe.get_charge; "
-                   "it leaves residue"}]}
+                   "it leaves residue",
+         "object": OBJ(charge_id=charge.json()["id"]), "headers": {}, "read_before": None}]}
     assert plan.json()["steps"][2]["reason"].startswith(
         "reversible: the inverse github.delete_comment restores the prior state (possible until ")
 
@@ -164,7 +177,7 @@ def test_an_unrecoverable_entry_is_reported_and_the_rest_is_rolled_back(
     assert plan["steps"][1] == {
         "entry": "n-1", "tool": "test.issue_without_number", "action": "unrecoverable",
         "undo_tool": None, "arguments": None, "residue": [], "requires_approval": False,
-        "reason": "the undo is unavailable: number: $result has no 'url'"}
+        "reason": "the undo is unavailable: number: $result has no 'url'", "object": None, "headers": {}, "read_before": None}
     ran = unwind("rollback", "--ledger", ledger(gateway, run_name), "-m", manifests, "--yes")
     assert ran.code == 0, ran.err
     assert "left behind: n-1 (unrecoverable)" in ran.out

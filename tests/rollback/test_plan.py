@@ -135,7 +135,8 @@ def test_a_compensable_entry_is_compensated_and_its_residue_is_listed() -> None:
                  "arguments": {"charge_id": "ch_1", "amount": 5},
                  "residue": ["stays on the statement"], "requires_approval": False,
                  "reason": "compensable: refund makes amends, read back with get_charge; it "
-                           "leaves residue"}
+                           "leaves residue", "object": '{"charge_id":"ch_1"}', "headers": {},
+                 "read_before": None}
 
 
 def test_an_entry_whose_handle_is_incomplete_is_unrecoverable_and_says_what_is_missing() -> None:
@@ -294,7 +295,8 @@ def test_the_plan_json_has_exactly_the_documented_fields() -> None:
     p = make_plan("run-1", [entry("n", "note", 1, result={"n": 1})], VERSIONS, now=NOW).to_json()
     assert list(p) == ["ledger", "steps"] and p["ledger"] == "run-1"
     assert list(p["steps"][0]) == ["entry", "tool", "action", "undo_tool", "arguments", "residue",
-                                   "requires_approval", "reason"]
+                                   "requires_approval", "reason", "object", "headers",
+                                   "read_before"]
 
 
 def test_the_step_input_carries_the_called_manifest_the_read_back_and_a_stable_key() -> None:

@@ -3,7 +3,9 @@
 An entry's life: ``pending`` is stored first (write-ahead), then ``succeeded``, ``failed``
 or ``uncertain`` (sent, answer lost). A refusal is recorded as ``refused`` with its code;
 a call that needs a human waits as ``awaiting_approval`` (then ``denied``, or it runs);
-rollback later adds ``undoing``, ``undone`` and ``undo_failed``. Which writer may make
+rollback later adds ``undoing``, ``undone`` and ``undo_failed``, or ``moot`` (its object was
+removed by the undo of an older entry on it: nothing left to undo); a person may
+``settle`` an entry by hand (``settled``, with who, when and why). Which writer may make
 which change is ``ledger/lifecycle.py``'s table, which every store applies.
 
 The entry keeps only what an undo, a read-back or a lookup needs (the ``handle``); the
@@ -19,9 +21,10 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 State = Literal["refused", "awaiting_approval", "denied", "pending", "succeeded", "failed",
-                "uncertain", "undoing", "undone", "undo_failed"]
+                "uncertain", "undoing", "undone", "undo_failed", "moot", "settled"]
 STATES: tuple[State, ...] = ("refused", "awaiting_approval", "denied", "pending", "succeeded",
-                             "failed", "uncertain", "undoing", "undone", "undo_failed")
+                             "failed", "uncertain", "undoing", "undone", "undo_failed", "moot",
+                             "settled")
 # Which states hold the rendered key, and which Idempotency-Keys may be used again, is the
 # lifecycle's to say (ledger/lifecycle.py: HOLDING, REUSABLE).
 REDACTED = "[redacted]"
@@ -46,6 +49,10 @@ class Handle(_Model):
     before: Any = Field(None, exclude_if=lambda v: v is None,
                         description="Kept parts of the state the manifest's capture read before "
                                     "the call ($before paths the undo names); absent without a capture.")
+    after: Any = Field(None, exclude_if=lambda v: v is None,
+                       description="The verification's read made right after the call "
+                                   "(verification.after_call), kept at its expect paths: what the "
+                                   "divergence check compares the state before the undo with.")
 
 
 class Staged(_Model):
@@ -87,6 +94,21 @@ class EntryApproval(_Model):
     message: str = ""
 
 
+class Settlement(_Model):
+    """A person resolved the entry by hand (``unwind settle``): who, when, why, from what."""
+
+    by: str = Field(description="Who settled it: the API server's username in a cluster (the "
+                                "Approval's stamp), --by locally.")
+    groups: list[str] = Field(default_factory=list, description="Their groups at the time.")
+    identities: Literal["kubernetes", "self-declared"] = Field(
+        description="kubernetes: the admission webhook stamped the person; self-declared: a "
+                    "local ledger, where --by is taken at its word.")
+    reason: str = Field(description="What was done by hand, in the person's words.")
+    at: str = Field(description="When it was recorded (RFC 3339).")
+    was: str = Field(description="The entry's state before it was settled.")
+    approval: str | None = Field(None, description="The Approval (decision: settle) that recorded it.")
+
+
 class Times(_Model):
     requested: str = Field(description="When the call arrived (RFC 3339).")
     started: str | None = Field(None, description="When the upstream was called.")
@@ -124,6 +146,10 @@ class Entry(_Model):
     warnings: list[str] = Field(default_factory=list)
     undo: dict[str, Any] | None = Field(None, description="The undo's detail (rollback).")
     attempts: list[Attempt] = Field(default_factory=list, description="Earlier attempts under this id.")
+    settled: Settlement | None = Field(None, description="Set when a person settled the entry by hand.")
+    key_sent: str | None = Field(None, description="The key as sent upstream, when it is not the "
+                                                   "rendered key (scope run with a carrier: the "
+                                                   "run is part of it); lookups send this one.")
     times: Times
     deadline: str | None = Field(
         None, description="When the call can no longer be under way (RFC 3339): written ahead "

@@ -30,7 +30,17 @@ from typing import Any
 
 from ..manifest.keys import plain_text
 from ..manifest.model import ToolManifest
-from ..manifest.refs import EACH, Each, Missing, Ref, RefSyntaxError, Segment, parse_ref, resolve
+from ..manifest.refs import (
+    EACH,
+    Each,
+    Missing,
+    Ref,
+    RefSyntaxError,
+    Segment,
+    answer_path,
+    parse_ref,
+    resolve,
+)
 from ..manifest.undo_refs import covers, kept_references, redacted_needs, redaction_references
 
 __all__ = ["kept_references", "redacted_needs", "redaction_references"]
@@ -241,6 +251,35 @@ def build_handle(m: ToolManifest, args: Any, result: Any, *, staged: bool = Fals
         _size_checked("the handle", trees)
     return Handle(args=trees["args"], result=trees["result"],
                   before=trees["before"] if before is not None else None)
+
+
+def after_tree(m: ToolManifest, answer: Any) -> Any:
+    """What the read right after the call (``verification.after_call``) found at each
+    ``expect`` path, at that path, redaction applied (a ``$result`` or ``$before`` path that
+    covers it masks it: both name the object's fields), for ``Handle.after``. Values the
+    answer lacks are left out; the divergence check then has nothing to compare for them."""
+    v = m.compensation.verification if m.compensation else None
+    tree: Any = {}
+    if v is None:
+        return tree
+    redacted = [Ref("result", r.path) for r in redaction_references(m)
+                if r.root in ("result", "before")]
+    for path in v.expect:
+        try:
+            at = answer_path(path)
+        except RefSyntaxError:
+            continue
+        value = resolve(at, None, answer)
+        if isinstance(value, Missing):
+            continue
+        try:
+            value = _checked(f"compensation.verification.expect.{path}", at.text(),
+                             mask_paths(value, at, redacted))
+        except HandleError:
+            continue
+        tree = _put(tree, at.path, value)
+    _size_checked("the read after the call", tree)
+    return tree
 
 
 def missing_captured(m: ToolManifest, before: Any) -> list[str]:

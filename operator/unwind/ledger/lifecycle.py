@@ -3,7 +3,8 @@ what each does to the entry's idempotency key.
 
 Five writers change entries: the gateway (a call's write-ahead, its outcome, a refusal),
 the approver (`unwind approve`, the operator copying Approvals in), the rollback (local
-and in the cluster), and the lookup (a lost answer found, or not). Each used to write
+and in the cluster), the lookup (a lost answer found, or not), and a person settling an
+entry by hand (`unwind settle`: what no rollback can finish, resolved and recorded). Each used to write
 states on its own terms, and one overwrote another: a call's outcome turned an entry a
 rollback had just undone back into ``succeeded``. Kubernetes validates every Pod update
 against the legal transitions in the API server (``ValidateUpdate``); here every store
@@ -28,8 +29,9 @@ key: a second call with the same key is a duplicate), ``hold`` (it keeps holding
 the key when an effect may still happen or stands (``StateInfo.holds_key``); the table is
 checked against that at import.
 
-Room is left for what comes next: a person settling an entry by hand is a writer
-(``person``) and a state (``moot``) away; adding them is adding rows.
+A person's settle (``settled``) keeps the key held: the effect may still stand as the
+person left it, so a repeat of the call stays a duplicate. A ``moot`` entry's object is
+gone (an older entry's undo removed it), so it holds no key.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ from typing import Literal, get_args
 from .entry import STATES, Entry, State, parse_stamp
 from .store import Stale
 
-Writer = Literal["gateway", "approver", "rollback", "lookup"]
+Writer = Literal["gateway", "approver", "rollback", "lookup", "person"]
 WRITERS: tuple[Writer, ...] = get_args(Writer)
 KeyEffect = Literal["take", "hold", "free", "none"]
 
@@ -66,6 +68,10 @@ STATE_INFO: tuple[StateInfo, ...] = (
     StateInfo("undoing", True, "its undo is under way (written before the undo is sent)"),
     StateInfo("undone", False, "the undo took effect and was read back"),
     StateInfo("undo_failed", True, "the undo failed: the effect may still stand"),
+    StateInfo("moot", False, "nothing left to undo: the undo of an older entry on the same object "
+              "removed it (undo.reason says which)"),
+    StateInfo("settled", True, "a person resolved it by hand (settled: who, when, why); no "
+              "rollback touches it again, and its key stays held as the person left the effect"),
 )
 HOLDS: dict[State, bool] = {s.name: s.holds_key for s in STATE_INFO}
 # While an entry is in one of these its rendered key stands: a second call with the same
@@ -124,6 +130,8 @@ TRANSITIONS: tuple[Transition, ...] = (
        "recorded)"),
     _t("pending", "refused", "gateway", "free", "its key turned out held by a standing call: "
        "nothing was sent"),
+    _t("succeeded", "succeeded", "gateway", "hold", "the read right after the call "
+       "(verification.after_call) is recorded"),
     # lost answers
     _t("uncertain", "uncertain", "lookup", "hold", "a lookup attempt is recorded",
        after_deadline=True),
@@ -145,6 +153,22 @@ TRANSITIONS: tuple[Transition, ...] = (
     _t("undoing", "undoing", "rollback", "hold", "an interrupted undo runs again (same step key)"),
     _t("undoing", "undone", "rollback", "free", "the undo took effect and was read back"),
     _t("undoing", "undo_failed", "rollback", "hold", "the undo or its read-back failed"),
+    _t("succeeded", "moot", "rollback", "free", "its object was removed by the undo of an older "
+       "entry on it: nothing left to undo"),
+    _t("undo_failed", "moot", "rollback", "free", "its object was removed by the undo of an "
+       "older entry on it: the failed undo is not retried"),
+    _t("undoing", "moot", "rollback", "free", "its object was removed by the undo of an older "
+       "entry on it while this undo was interrupted"),
+    # settled by hand
+    _t("succeeded", "settled", "person", "hold", "a person resolved the effect by hand"),
+    _t("undo_failed", "settled", "person", "hold", "a person resolved what the failed undo "
+       "could not"),
+    _t("undoing", "settled", "person", "hold", "a person resolved an undo that cannot finish "
+       "(its step is not running)"),
+    _t("uncertain", "settled", "person", "hold", "a person found out by hand what the lost "
+       "answer said", after_deadline=True),
+    _t("pending", "settled", "person", "hold", "a person found out by hand what happened to a "
+       "call whose outcome was never recorded", after_deadline=True),
 )
 
 

@@ -16,14 +16,16 @@ unless ``current`` is set, which plans it with today's manifest of its tool and 
 
 The order (docs/rollback.md): lookups first (an uncertain entry must be found before its
 place among the undos is known), then the newest effect first, where an entry whose tool
-``requires`` another tool is undone before every entry of the required tool: the undo of
-what was built on top comes before the undo of what it was built on. Ties keep newest
-first; a cycle (only possible across manifest versions) falls back to newest first.
+``requires`` another tool is undone before every entry of the required tool (the undo of
+what was built on top comes before the undo of what it was built on), and entries on one
+object are undone newest first by their place in the run (``objects.py``). Ties keep
+newest first; a cycle (only possible across manifest versions) falls back to newest first.
+An entry whose object the undo of an older entry removed is ``moot``.
 """
 
 from __future__ import annotations
 
-import heapq
+import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -31,17 +33,17 @@ from typing import Any, Literal
 
 from ..manifest.declared import restore_note
 from ..manifest.model import Absent, Effect, ToolManifest
-from ..manifest.refs import Missing, Ref, RefSyntaxError, expected_reference, parse_ref, resolve
-from ..manifest.undo_refs import guarded_fields
+from ..manifest.refs import Missing, resolve
+from . import objects as objects_mod
 from .entry import Entry, Handle, Staged, parse_stamp, stamp
-from .handle import kept_references, redacted_needs
+from .plan_refs import Refs, expected, resolve_late, resolve_refs
 from .report import deadline_ms
 from .store import Holder
 
 Action = Literal["inverse", "compensate", "discard", "skip", "not_undoable", "unrecoverable",
-                 "lookup"]
+                 "lookup", "moot"]
 ACTIONS: tuple[Action, ...] = ("inverse", "compensate", "discard", "skip", "not_undoable",
-                               "unrecoverable", "lookup")
+                               "unrecoverable", "lookup", "moot")
 # The actions that call something; the others are reported only.
 RUNNABLE: frozenset[Action] = frozenset({"inverse", "compensate", "discard", "lookup"})
 UNDOING: frozenset[Action] = frozenset({"inverse", "compensate", "discard"})
@@ -71,6 +73,20 @@ class ReadBack:
 
 
 @dataclass(frozen=True)
+class ReadBefore:
+    """``compensation.current``, resolved: call ``tool`` with ``arguments`` right before the
+    undo; each of ``binds`` (``arguments.<name>`` or ``headers.<name>`` -> a ``$current``
+    reference) is filled from its answer."""
+
+    tool: str
+    arguments: dict[str, Any]
+    binds: Mapping[str, str]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"tool": self.tool, "arguments": self.arguments, "binds": dict(self.binds)}
+
+
+@dataclass(frozen=True)
 class Step:
     entry: str
     tool: str
@@ -83,13 +99,20 @@ class Step:
     # Not in the plan's JSON; what the step runner needs besides it.
     verification: ReadBack | None = None
     timeout_ms: int | None = None
+    # In the JSON: the values naming the object the entry touched (objects.py), the undo
+    # call's headers resolved from the ledger, and the read made right before the undo.
+    object: str | None = None
+    headers: Mapping[str, Any] | None = None
+    read_before: ReadBefore | None = None
 
     def to_json(self) -> dict[str, Any]:
         """Exactly the documented fields (docs/rollback.md), in that order."""
         return {"entry": self.entry, "tool": self.tool, "action": self.action,
                 "undo_tool": self.undo_tool, "arguments": self.arguments,
                 "residue": list(self.residue), "requires_approval": self.requires_approval,
-                "reason": self.reason}
+                "reason": self.reason, "object": self.object,
+                "headers": dict(self.headers) if self.headers else {},
+                "read_before": self.read_before.to_json() if self.read_before else None}
 
 
 @dataclass(frozen=True)
@@ -159,7 +182,7 @@ def make_plan(ledger: str, entries: Sequence[Entry], versions: Versions, *,
     missing = [e for e in chosen if _needs_manifest(e) and versions.of(e)[0] is None]
     if missing:
         raise PlanError(_missing_versions(missing, versions))
-    refs = _Refs()
+    refs = Refs()
     steps = {e.id: plan_entry(e, versions, now, refs) for e in chosen}
     for e in chosen:  # a pending entry that never had its key's lock never ran
         why = never_ran(ledger, e, ordered, holders)
@@ -167,8 +190,19 @@ def make_plan(ledger: str, entries: Sequence[Entry], versions: Versions, *,
             steps[e.id] = _report(e, "skip", why + ": this call was refused as a duplicate "
                                   "before anything was sent (the gateway stopped before it "
                                   "recorded the refusal)")
+    objects = {e.id: objects_mod.object_key(e, versions.of(e)[0]) for e in ordered}
+    for e in chosen:  # the undo of an older entry removed its object: nothing left to do
+        if steps[e.id].action in UNDOING:
+            moot = objects_mod.moot_reason(e, ordered, lambda x: versions.of(x)[0], objects)
+            if moot is not None:
+                steps[e.id] = _report(e, "moot", moot)
+    steps = {i: dataclasses.replace(s, object=objects.get(i)) if s.action in UNDOING
+             else s for i, s in steps.items()}
     lookups = [steps[e.id] for e in reversed(chosen) if steps[e.id].action == "lookup"]
-    rest = [e for e in _undo_order(chosen, versions) if steps[e.id].action != "lookup"]
+    requires = {e.id: _requires(e, versions) for e in chosen}
+    undoing = {i: objects.get(i) for i, s in steps.items() if s.action in UNDOING}
+    rest = [e for e in objects_mod.undo_order(list(reversed(chosen)), requires, undoing)
+            if steps[e.id].action != "lookup"]
     return Plan(ledger, tuple(lookups + [steps[e.id] for e in rest]))
 
 
@@ -176,7 +210,8 @@ def make_plan(ledger: str, entries: Sequence[Entry], versions: Versions, *,
 # store; spelled out here, and tests/ledger/test_lifecycle.py checks they agree). A pending
 # one is left out: of two pending entries with one key, the ledger alone cannot tell which
 # took the lock.
-_HELD_KEY = frozenset({"awaiting_approval", "succeeded", "uncertain", "undoing", "undo_failed"})
+_HELD_KEY = frozenset({"awaiting_approval", "succeeded", "uncertain", "undoing", "undo_failed",
+                       "settled"})
 
 
 def never_ran(ledger: str, entry: Entry, entries: Sequence[Entry],
@@ -209,11 +244,17 @@ def never_ran(ledger: str, entry: Entry, entries: Sequence[Entry],
     return f"entry {other.id} held its idempotency key {entry.key!r} ({other.state})"
 
 
-def plan_entry(entry: Entry, versions: Versions, now: datetime, refs: _Refs | None = None) -> Step:
+def plan_entry(entry: Entry, versions: Versions, now: datetime, refs: Refs | None = None) -> Step:
     """The one step that undoes (or accounts for) one entry."""
-    refs = refs or _Refs()
+    refs = refs or Refs()
     if entry.state in _NOTHING:
         return _report(entry, "skip", _NOTHING[entry.state])
+    if entry.state == "moot":
+        why = str((entry.undo or {}).get("reason") or "its object was removed")
+        return _report(entry, "skip", f"moot: nothing left to undo ({why})")
+    if entry.state == "settled" and entry.settled is not None:
+        s = entry.settled
+        return _report(entry, "skip", f"settled by hand by {s.by} at {s.at}: {s.reason}")
     m, note = versions.of(entry)
     if m is None:
         return _report(entry, "unrecoverable", f"no manifest of {entry.tool} is known, neither "
@@ -228,7 +269,7 @@ def plan_entry(entry: Entry, versions: Versions, now: datetime, refs: _Refs | No
     return _with_reason(step, step.reason + note) if note else step
 
 
-def _undo(entry: Entry, m: ToolManifest, now: datetime, refs: _Refs) -> Step:
+def _undo(entry: Entry, m: ToolManifest, now: datetime, refs: Refs) -> Step:
     if entry.staged is not None:
         return _discard(entry, entry.staged, m)
     if m.effect == Effect.idempotent:
@@ -242,22 +283,32 @@ def _undo(entry: Entry, m: ToolManifest, now: datetime, refs: _Refs) -> Step:
     compiled = refs.of(m)
     if compiled.masked:
         return _report(entry, "unrecoverable", "the undo is unavailable: " + compiled.masked)
-    undo_args, missing = _resolve(compiled.undo, handle, entry.key)
+    undo_args, missing, binds = resolve_late(compiled.undo, handle, entry.key, "arguments")
+    headers, missing_h, binds_h = resolve_late(compiled.headers, handle, entry.key, "headers")
+    missing += missing_h
+    read_before: ReadBefore | None = None
+    if c.current is not None:
+        read_args, missing_r = resolve_refs(compiled.current, handle, entry.key)
+        missing += [f"compensation.current.arguments.{m}" for m in missing_r]
+        read_before = ReadBefore(c.current.tool, read_args, {**binds, **binds_h})
     if missing:
         return _report(entry, "unrecoverable", "the undo is unavailable: " + "; ".join(missing))
     read_back = None
     if c.verification is not None:
         v = c.verification
-        args, missing = _resolve(compiled.verification, handle, entry.key)
+        args, missing = resolve_refs(compiled.verification, handle, entry.key)
         if missing:
             return _report(entry, "unrecoverable", "the read-back cannot be built: "
                            + "; ".join(missing))
-        expect, missing = _expected(compiled.expect, handle, entry.key)
+        expect, missing = expected(compiled.expect, handle, entry.key)
         if missing:
             return _report(entry, "unrecoverable", "the read-back cannot be built: "
                            + "; ".join(missing))
+        # what the call left: the read right after the call when one is recorded (like
+        # with like), else the call's answer at the expect paths
+        left_in = handle.after if v.after_call else handle.result
         was_left = {path: value for path, ref in compiled.guarded
-                    if not isinstance(value := resolve(ref, handle.args, handle.result,
+                    if not isinstance(value := resolve(ref, handle.args, left_in,
                                                        entry.key, handle.before), Missing)}
         read_back = ReadBack(v.tool, args, expect, v.retries, v.backoff_ms, was_left or None,
                              absent=v.absent, done_statuses=tuple(c.done_statuses or ()))
@@ -280,8 +331,16 @@ def _undo(entry: Entry, m: ToolManifest, now: datetime, refs: _Refs) -> Step:
     if m.capture is not None:
         captured = f" (as {m.capture.tool} read it before the call)"
         if read_back is not None and read_back.left:
-            guard = (f"; it first checks that {', '.join(read_back.left)} still hold what the "
-                     "call left (else the step is diverged and changes nothing)")
+            what = ("what the read right after the call found" if c.verification is not None
+                    and c.verification.after_call else "what the call left")
+            guard = (f"; it first checks that {', '.join(read_back.left)} still hold {what} "
+                     "(else the step is diverged and changes nothing)")
+        elif read_back is not None and read_back.absent is None:
+            guard = "; " + _no_guard(m, handle)
+    if read_before is not None:
+        named = ", ".join(sorted(read_before.binds)) or "nothing"
+        guard += (f"; right before the undo {read_before.tool} reads the object as it is now "
+                  f"($current: {named})")
     if kind == "inverse":
         until = ""
         if c.deadline is not None and entry.times.finished is not None:
@@ -295,7 +354,20 @@ def _undo(entry: Entry, m: ToolManifest, now: datetime, refs: _Refs) -> Step:
             reason += "; it leaves residue"
     reason += restore_note(m)  # an update undone by writing back only some of its fields
     return Step(entry.id, entry.tool, kind, c.tool, undo_args, tuple(c.residue),
-                c.requires_approval, reason, read_back, c.timeout_ms)
+                c.requires_approval, reason, read_back, c.timeout_ms, headers=headers or None,
+                read_before=read_before)
+
+
+def _no_guard(m: ToolManifest, handle: Handle) -> str:
+    """Why a captured tool's undo has no divergence check, plainly: nothing says what the
+    call left to compare the state before the undo with."""
+    v = m.compensation.verification if m.compensation else None
+    if v is not None and v.after_call:
+        return ("no divergence check: the read after the call was not recorded (it failed, "
+                "or the gateway stopped first), so a later change would be overwritten")
+    return ("no divergence check: the call's answer holds none of the expect paths (declare "
+            "compensation.verification.after_call, or lint L043), so a later change would be "
+            "overwritten")
 
 
 def _discard(entry: Entry, staged: Staged, m: ToolManifest) -> Step:
@@ -319,7 +391,7 @@ def _discard(entry: Entry, staged: Staged, m: ToolManifest) -> Step:
                 f"a staged draft (never promoted): {discard} throws it away{differs}")
 
 
-def _unknown(entry: Entry, m: ToolManifest, note: str, refs: _Refs) -> Step:
+def _unknown(entry: Entry, m: ToolManifest, note: str, refs: Refs) -> Step:
     """An entry whose outcome is unknown: found through the lookup, never guessed."""
     what = ("its answer was lost" if entry.state == "uncertain"
             else "its outcome was never recorded (the gateway stopped during the call)")
@@ -332,7 +404,7 @@ def _unknown(entry: Entry, m: ToolManifest, note: str, refs: _Refs) -> Step:
         # not found, it never happened and its key is free. Unlooked-up, the entry would
         # hold its key for good.
         h = entry.handle or Handle()
-        args, missing = _resolve(refs.of(m).lookup, h, entry.key)
+        args, missing = resolve_refs(refs.of(m).lookup, h, entry.key)
         if not missing:
             return Step(entry.id, entry.tool, "lookup", m.lookup.tool, args, (), False,
                         f"{what}: {m.lookup.tool} finds whether it acted (found: {m.tool} is "
@@ -347,92 +419,13 @@ def _unknown(entry: Entry, m: ToolManifest, note: str, refs: _Refs) -> Step:
         return _report(entry, "unrecoverable", f"unresolvable: {what}, and {m.tool} declares "
                        f"no lookup to find out whether it acted{note}")
     h = entry.handle or Handle()
-    args, missing = _resolve(refs.of(m).lookup, h, entry.key)
+    args, missing = resolve_refs(refs.of(m).lookup, h, entry.key)
     if missing:
         return _report(entry, "unrecoverable", f"unresolvable: {what}, and the lookup cannot "
                        "be built: " + "; ".join(missing) + note)
     return Step(entry.id, entry.tool, "lookup", m.lookup.tool, args, (), False,
                 f"{what}: {m.lookup.tool} finds whether it acted (found: undone like any other; "
                 f"not found: it never happened){note}")
-
-
-class _Compiled:
-    """A manifest's references, parsed once per plan (parsing dominates a plan's time)."""
-
-    def __init__(self, m: ToolManifest) -> None:
-        c = m.compensation
-
-        def parse(refs: dict[str, Any]) -> list[tuple[str, Ref]]:
-            return [(name, parse_ref(raw)) for name, raw in refs.items()]
-        self.undo = parse(c.argument_map) if c else []
-        self.verification = parse(c.verification.arguments) if c and c.verification else []
-        self.lookup = parse(m.lookup.arguments) if m.lookup else []
-        v = c.verification if c else None
-        # expect: a reference ($args, $result, $before, {const}) is resolved from the handle
-        # (a text that does not parse: why); any other value is a literal
-        self.expect: list[tuple[str, Any, Ref | str | None]] = [
-            (path, raw, _expected_ref(raw)) for path, raw in (v.expect.items() if v else ())]
-        self.guarded = guarded_fields(m)
-        needs = [(w, r) for w, r in kept_references(m) if w.startswith("compensation.argument_map.")]
-        self.masked = "; ".join(redacted_needs(m, needs))
-
-
-class _Refs:
-    def __init__(self) -> None:
-        self._by_id: dict[int, tuple[ToolManifest, _Compiled]] = {}
-
-    def of(self, m: ToolManifest) -> _Compiled:
-        found = self._by_id.get(id(m))
-        if found is None or found[0] is not m:
-            found = self._by_id[id(m)] = (m, _Compiled(m))
-        return found[1]
-
-
-def _resolve(refs: list[tuple[str, Ref]], handle: Handle,
-             key: str | None) -> tuple[dict[str, Any], list[str]]:
-    """As ``refs.resolve_map``, over parsed references: optional missing values are
-    dropped; each required missing value adds a reason."""
-    out: dict[str, Any] = {}
-    missing: list[str] = []
-    for name, ref in refs:
-        value = resolve(ref, handle.args, handle.result, key, handle.before)
-        if isinstance(value, Missing):
-            if not ref.optional:
-                missing.append(f"{name}: {value.reason}")
-        else:
-            out[name] = value
-    return out, missing
-
-
-def _expected_ref(raw: Any) -> Ref | str | None:
-    """An expected value's reference, None for a literal, or why it does not parse (a
-    manifest version validated before expected values were parsed)."""
-    try:
-        return expected_reference(raw)
-    except RefSyntaxError as exc:
-        return str(exc)
-
-
-def _expected(expect: list[tuple[str, Any, Ref | str | None]], handle: Handle,
-              key: str | None) -> tuple[dict[str, Any], list[str]]:
-    """The verification's ``expect`` with each reference resolved from the handle; a
-    literal stays as written. An expected value is never optional (the validator refuses
-    ``?`` there): a missing one means the read-back cannot be built."""
-    out: dict[str, Any] = {}
-    missing: list[str] = []
-    for path, raw, ref in expect:
-        if ref is None:
-            out[path] = raw
-            continue
-        if isinstance(ref, str):
-            missing.append(f"expect {path}: {ref}")
-            continue
-        value = resolve(ref, handle.args, handle.result, key, handle.before)
-        if isinstance(value, Missing):
-            missing.append(f"expect {path}: {value.reason}")
-        else:
-            out[path] = value
-    return out, missing
 
 
 def _left_changed(entry: Entry, m: ToolManifest, note: str) -> Step:
@@ -450,8 +443,7 @@ def _report(entry: Entry, action: Action, reason: str) -> Step:
 
 
 def _with_reason(step: Step, reason: str) -> Step:
-    return Step(step.entry, step.tool, step.action, step.undo_tool, step.arguments, step.residue,
-                step.requires_approval, reason, step.verification, step.timeout_ms)
+    return dataclasses.replace(step, reason=reason)
 
 
 # ---- selection and order ----
@@ -501,43 +493,6 @@ def _since(ordered: Sequence[Entry], since: str) -> list[Entry]:
 def _requires(entry: Entry, versions: Versions) -> list[str]:
     m = versions.of(entry)[0]
     return [r.tool for r in m.requires] if m is not None else []
-
-
-def _undo_order(chosen: Sequence[Entry], versions: Versions) -> list[Entry]:
-    """Newest first, except that every entry of a tool T waits until no entry whose tool
-    requires T is left (a Kahn topological sort over tools, O(n log n))."""
-    newest = list(reversed(chosen))
-    requires = {e.id: _requires(e, versions) for e in newest}
-    blocking: dict[str, int] = {}  # tool -> entries left whose tool requires it
-    for e in newest:
-        for t in requires[e.id]:
-            blocking[t] = blocking.get(t, 0) + 1
-    waiting: dict[str, list[int]] = {}
-    ready: list[int] = []
-    for i, e in enumerate(newest):
-        if blocking.get(e.tool, 0):
-            waiting.setdefault(e.tool, []).append(i)
-        else:
-            ready.append(i)
-    heapq.heapify(ready)
-    out: list[Entry] = []
-    done: set[int] = set()
-    while len(out) < len(newest):
-        if not ready:  # a cycle across versions: the rest newest first
-            ready = [i for i in range(len(newest)) if i not in done]
-            heapq.heapify(ready)
-            waiting.clear()
-        i = heapq.heappop(ready)
-        if i in done:
-            continue
-        done.add(i)
-        out.append(newest[i])
-        for t in requires[newest[i].id]:
-            blocking[t] -= 1
-            if blocking[t] == 0:
-                for j in waiting.pop(t, []):
-                    heapq.heappush(ready, j)
-    return out
 
 
 # ---- missing versions ----

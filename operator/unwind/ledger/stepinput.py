@@ -65,6 +65,18 @@ class PlanStep(_Model):
     residue: list[str] = Field(default_factory=list)
     requires_approval: bool = False
     reason: str = ""
+    object: str | None = None
+    headers: dict[str, Any] = Field(default_factory=dict)
+    read_before: dict[str, Any] | None = None
+
+
+class CurrentInput(_Model):
+    """``compensation.current``: the read right before the undo; ``binds`` fills
+    ``arguments.<name>`` and ``headers.<name>`` from its answer (``$current.<path>``)."""
+
+    manifest: ToolManifest = Field(description="The read_only tool that reads the object now.")
+    arguments: dict[str, Any]
+    binds: dict[str, str] = Field(default_factory=dict)
 
 
 class ReadBackInput(_Model):
@@ -102,6 +114,7 @@ class StepInput(_Model):
     verification: ReadBackInput | None = None
     timeout_ms: int | None = Field(None, description="compensation.timeout_ms, for whoever runs the step.")
     effect: EffectInput | None = Field(None, description="A lookup step's entry: to complete its handle.")
+    current: CurrentInput | None = Field(None, description="The read right before the undo (compensation.current).")
 
 
 def step_input(ledger: str, step: Step, entry: Entry, versions: Versions, *,
@@ -118,6 +131,10 @@ def step_input(ledger: str, step: Step, entry: Entry, versions: Versions, *,
         "manifest": called.canonical_dict(), "verification": None, "timeout_ms": step.timeout_ms,
         "effect": None,
     }
+    if step.read_before is not None and step.action != "lookup":
+        r = step.read_before
+        out["current"] = {"manifest": _today(versions, r.tool, step).canonical_dict(),
+                          "arguments": r.arguments, "binds": dict(r.binds)}
     v = step.verification
     if v is not None:
         out["verification"] = {"manifest": _today(versions, v.tool, step).canonical_dict(),

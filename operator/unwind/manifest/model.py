@@ -55,7 +55,7 @@ OptDuration = Annotated[int | None, BeforeValidator(_duration), _DURATION_SCHEMA
 Reference = Annotated[
     Any,
     WithJsonSchema({
-        "anyOf": [{"type": "string", "pattern": r"^\$(args|result|key|before)"},
+        "anyOf": [{"type": "string", "pattern": r"^\$(args|result|key|before|current)"},
                   {"type": "object", "properties": {"const": {}}, "required": ["const"],
                    "additionalProperties": False}],
         "description": "A reference: $args.<path>, $result.<path>, $before.<path>, $key, or "
@@ -139,6 +139,11 @@ class Verification(Strict):
     ] = Field(None, description="The undo removes the thing: true (a 404 or 410 answer, or an empty list), or {statuses, shape}. Instead of expect.")
     retries: int = Field(3, ge=1, le=10, description="Attempts, 1 to 10.")
     backoff_ms: Duration = Field(1000, description="Wait before the second attempt; doubled after each.")
+    after_call: bool | None = Field(
+        None, description="With a capture: the gateway makes this read right after the call "
+                          "succeeds and keeps its answer at the expect paths in the entry; before "
+                          "restoring, the undo compares the state it reads with that read (like "
+                          "with like), not with the call's answer.")
 
 
 class Capture(Strict):
@@ -147,6 +152,14 @@ class Capture(Strict):
 
     tool: ToolName = Field(description="A registered read_only tool that reads the state the call changes.")
     arguments: dict[str, Reference] = Field(default_factory=dict, description="References to the call's arguments ($args) or literals.")
+
+
+class CurrentRead(Strict):
+    """A read-only call made right before the undo: its answer is $current.<path> for the
+    undo's arguments and headers (the current revision or ETag, say)."""
+
+    tool: ToolName = Field(description="A registered read_only tool that reads the object as it is now.")
+    arguments: dict[str, Reference] = Field(default_factory=dict, description="References resolved from the call ($args, $result, $before) or literals.")
 
 
 class Deadline(Strict):
@@ -168,6 +181,9 @@ class Compensation(Strict):
     verification: Verification | None = Field(None, description="Read-back that proves the undo worked.")
     done_statuses: list[int] | None = Field(None, description="Statuses (400 to 499) of the undo call that count as done when the read-back then confirms, e.g. [404] for a DELETE of something already gone. Needs verification.")
     deadline: Deadline | None = Field(None, description="Until when the inverse applies.")
+    current: CurrentRead | None = Field(None, description="Read the object right before the undo runs; the undo's arguments and headers read the answer as $current.<path>.")
+    headers: dict[str, Reference] | None = Field(None, description="HTTP headers of the undo call, as references (e.g. If-Match: $current._rev): a precondition the API checks, so a record changed since is refused, not overwritten.")
+    object: list[Reference] | None = Field(None, description="The values that name the object the call touches (e.g. [$result.id] for a create, [$args.id] for an update): undos of entries on one object run newest first, one at a time. Default: the values the verification (else the undo) names.")
 
 
 class RequiredTool(Strict):

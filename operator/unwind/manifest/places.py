@@ -37,6 +37,8 @@ READER_PLACES: tuple[ToolPlace, ...] = (
     ToolPlace(("draft", "promote"), "the tool that makes a draft real"),
     ToolPlace(("draft", "discard"), "the tool that drops a draft"),
     ToolPlace(("capture", "tool"), "the read-only tool that captures the state a call changes"),
+    ToolPlace(("compensation", "current", "tool"), "the read-only tool that reads the object "
+              "right before the undo"),
 )
 SHORTHANDS: dict[tuple[str, ...], tuple[str, ...]] = {("requires", EACH, "tool"): ("requires", EACH)}
 

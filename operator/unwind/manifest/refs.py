@@ -6,6 +6,8 @@ lookup and draft arguments, and deadlines.
     $key             the idempotency key (lookups only)
     $before.<path>   a value of the state the manifest's ``capture`` read before the call
                      (the undo's arguments and its verification only)
+    $current.<path>  a value of the state ``compensation.current`` reads right before the
+                     undo runs (the undo's arguments and headers only)
     {const: <v>}     a literal
 
 A path is dotted names with ``[n]`` or ``.n`` indices; a trailing ``?`` makes the value
@@ -25,7 +27,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Literal
 
-Root = Literal["args", "result", "key", "const", "before"]
+Root = Literal["args", "result", "key", "const", "before", "current"]
 
 
 class Each(enum.Enum):
@@ -110,7 +112,7 @@ def parse_ref(raw: Any) -> Ref:
         text = text[:-1]
     if text == "$key":
         return Ref(root="key", optional=optional)
-    for root in ("args", "result", "before"):
+    for root in ("args", "result", "before", "current"):
         prefix = "$" + root
         if text == prefix:
             raise RefSyntaxError(f"{raw!r} names no field: write {prefix}.<field>")
@@ -119,7 +121,7 @@ def parse_ref(raw: Any) -> Ref:
             return Ref(root=root, path=_parse_path(raw, text[len(prefix):], start), optional=optional)
     raise RefSyntaxError(
         f"{raw!r} is not a reference{_suggestion(text)}: it must start with $args., $result., "
-        "$before. or be $key (or a literal {const: <value>})"
+        "$before., $current. or be $key (or a literal {const: <value>})"
     )
 
 
@@ -170,7 +172,7 @@ def _suggestion(text: str) -> str:
     if not match:
         return ""
     word, rest = match.groups()
-    close = difflib.get_close_matches(word.lower(), ["args", "result", "key", "before"], n=1, cutoff=0.6)
+    close = difflib.get_close_matches(word.lower(), ["args", "result", "key", "before", "current"], n=1, cutoff=0.6)
     if not close:
         return ""
     if close[0] == "key":
@@ -220,9 +222,10 @@ def _parse_path(raw: str, rest: str, start: int = 0) -> tuple[Segment, ...]:
 
 
 def resolve(ref: Ref, args: Any, result: Any, key: str | None = None,
-            before: Any = None) -> Any | Missing:
+            before: Any = None, current: Any = None) -> Any | Missing:
     """Return the referenced value, or Missing with the reason. ``before`` is the state the
-    capture read before the call (None: nothing was captured)."""
+    capture read before the call (None: nothing was captured); ``current`` the state read
+    right before the undo (None: not read yet, or nothing found)."""
     if ref.root == "const":
         return ref.value
     if ref.root == "key":
@@ -230,7 +233,9 @@ def resolve(ref: Ref, args: Any, result: Any, key: str | None = None,
     if ref.root == "before" and before is None:
         return Missing("nothing was captured before the call (the manifest declares no "
                        "capture, or the entry was recorded without one)")
-    current = {"args": args, "result": result, "before": before}[ref.root]
+    if ref.root == "current" and current is None:
+        return Missing("the read before the undo (compensation.current) found nothing")
+    current = {"args": args, "result": result, "before": before, "current": current}[ref.root]
     walked = "$" + ref.root
     if not ref.projects:
         return _walk(current, ref.path, walked)

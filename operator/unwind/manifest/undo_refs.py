@@ -1,7 +1,8 @@
 """The values an undo needs, and whether redaction masks one of them (pure).
 
-A ledger entry keeps only the values that the compensation's argument map and
-verification, its deadline, the lookup and a draft's handle name. With a ``capture``, it
+A ledger entry keeps only the values that the compensation's argument map, headers,
+object key, read before the undo (``current``) and verification, its deadline, the lookup
+and a draft's handle name (``$current`` values are read at undo time, never kept). With a ``capture``, it
 also keeps the captured values those places (and the verification's ``expect``) read as
 ``$before.<path>``, and the call's answer at each ``expect`` path (``$result.<path>``,
 what the call left there: the undo compares it with the current state before restoring). ``audit.redaction``
@@ -37,6 +38,11 @@ def kept_references(m: ToolManifest, *, staged: bool = False) -> Iterator[tuple[
                        for k, v in c.verification.arguments.items()]
         if c.deadline is not None and c.deadline.at is not None:
             places.append(("compensation.deadline.at", c.deadline.at))
+        places += [(f"compensation.headers.{k}", v) for k, v in (c.headers or {}).items()]
+        places += [(f"compensation.object[{i}]", v) for i, v in enumerate(c.object or [])]
+        if c.current is not None:
+            places += [(f"compensation.current.arguments.{k}", v)
+                       for k, v in c.current.arguments.items()]
     if m.lookup is not None:
         places += [(f"lookup.arguments.{k}", v) for k, v in m.lookup.arguments.items()]
     if staged and m.draft is not None:

@@ -35,7 +35,8 @@ _ARGS_PLACEHOLDER = re.compile(r"args\.[A-Za-z0-9_\-]+(\.[A-Za-z0-9_\-]+)*")  # 
 _HEADER_NAME = re.compile(r"[A-Za-z0-9-]{1,64}")  # fullmatch
 _ARGUMENT_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # fullmatch
 _ROOT_WORDS = {"args": "$args", "result": "$result", "key": "$key", "const": "a {const: ...} literal",
-               "before": "$before (the captured state)"}
+               "before": "$before (the captured state)",
+               "current": "$current (the state read right before the undo)"}
 
 
 def _a(word: str) -> str:
@@ -186,10 +187,19 @@ def _reference_places(m: ToolManifest) -> Iterator[tuple[str, Any, frozenset[str
     """Every place that holds a reference, with the roots it may read and why."""
     plain = frozenset({"args", "result", "const"})
     undo = plain | {"before"}  # $before without a capture: before_needs_a_capture says so
+    late = undo | {"current"}  # $current without a read: current_needs_a_read says so
     c = m.compensation
     if c:
         for name, ref in c.argument_map.items():
-            yield f"compensation.argument_map.{name}", ref, undo, "an undo argument"
+            yield f"compensation.argument_map.{name}", ref, late, "an undo argument"
+        for name, ref in (c.headers or {}).items():
+            yield f"compensation.headers.{name}", ref, late, "an undo header"
+        for i, ref in enumerate(c.object or []):
+            yield f"compensation.object[{i}]", ref, undo, "an object key"
+        if c.current:
+            for name, ref in c.current.arguments.items():
+                yield (f"compensation.current.arguments.{name}", ref, undo,
+                       "an argument of the read before the undo")
         if c.verification:
             for name, ref in c.verification.arguments.items():
                 yield (f"compensation.verification.arguments.{name}", ref, undo,
@@ -259,6 +269,44 @@ def before_needs_a_capture(m: ToolManifest) -> Iterator[Finding]:
         yield path, (f"reads {raw.strip()}, but the manifest declares no capture: add "
                      "capture: {tool: <a read_only tool>, arguments: {...}} that reads the "
                      "state the call changes")
+
+
+def current_needs_a_read(m: ToolManifest) -> Iterator[Finding]:
+    """``$current.<path>`` reads what ``compensation.current`` read right before the undo:
+    without that read there is nothing to read."""
+    c = m.compensation
+    if c is None or c.current is not None:
+        return
+    places = [*((f"compensation.argument_map.{k}", v) for k, v in c.argument_map.items()),
+              *((f"compensation.headers.{k}", v) for k, v in (c.headers or {}).items())]
+    for path, raw in places:
+        if isinstance(raw, str) and raw.strip().startswith("$current"):
+            yield path, (f"reads {raw.strip()}, but compensation.current is not declared: add "
+                         "current: {tool: <a read_only tool>, arguments: {...}} that reads the "
+                         "object right before the undo")
+
+
+def undo_headers_are_http_headers(m: ToolManifest) -> Iterator[Finding]:
+    """compensation.headers are HTTP header names the undo call sends."""
+    c = m.compensation
+    for name in (c.headers or {}) if c else ():
+        if not _HEADER_NAME.fullmatch(name):
+            yield f"compensation.headers.{name}", ("is not an HTTP header name: letters, digits "
+                                                   "and -, up to 64 characters")
+
+
+def after_call_reads_for_a_capture(m: ToolManifest) -> Iterator[Finding]:
+    """verification.after_call keeps what the divergence check compares with: only a tool
+    with a capture (whose undo restores old values) has one."""
+    v = m.compensation.verification if m.compensation else None
+    if v is not None and v.after_call and m.capture is None:
+        yield "compensation.verification.after_call", (
+            "serves the divergence check of a capture (what the call left, read after it): "
+            "without a capture there is none; remove after_call or add a capture")
+    if v is not None and v.after_call and v.absent is not None:
+        yield "compensation.verification.after_call", (
+            "reads the fields the call set (expect); with absent there are none to keep: "
+            "remove after_call")
 
 
 def capture_only_with_an_undo(m: ToolManifest) -> Iterator[Finding]:
@@ -579,6 +627,9 @@ MANIFEST_RULES: tuple[Rule, ...] = (
     requires_has_no_duplicates,
     references_parse_and_read_allowed_roots,
     before_needs_a_capture,
+    current_needs_a_read,
+    undo_headers_are_http_headers,
+    after_call_reads_for_a_capture,
     capture_only_with_an_undo,
     inverse_has_no_residue,
     deadline_bounds_an_inverse,
@@ -676,6 +727,8 @@ def read_backs_are_read_only(ms: Sequence[ToolManifest], by: dict[str, ToolManif
             targets.append(("lookup.tool", m.lookup.tool))
         if m.capture:
             targets.append(("capture.tool", m.capture.tool))
+        if m.compensation and m.compensation.current:
+            targets.append(("compensation.current.tool", m.compensation.current.tool))
         for path, name in targets:
             other = by.get(name)
             if other is not None and other.effect != Effect.read_only:

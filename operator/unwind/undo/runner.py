@@ -38,10 +38,10 @@ from ..ledger.entry import now, stamp
 from ..ledger.handle import build_handle
 from ..ledger.stepinput import ReadBackInput, StepInput
 from ..ledger.undo import absence_problem, first_mismatch
-from ..manifest.model import ToolManifest
-from ..upstream.client import Answer, Upstream, prepare
-from ..upstream.errors import Refusal
+from ..upstream.client import Answer, Upstream
 from ..upstream.secrets import Secrets
+from .calls import call_record, failure, send
+from .current import read_current
 
 MESSAGE_LIMIT = 4096
 Sleep = Callable[[float], Awaitable[None]]
@@ -98,7 +98,16 @@ async def _undo(spec: StepInput, upstream: Upstream, secrets: Secrets, result: d
                                                                            secrets, result):
         return
     args = dict(step.arguments or {})
-    headers: dict[str, str] = {}
+    headers: dict[str, str] = {k: str(v) for k, v in step.headers.items()}
+    if spec.current is not None:
+        read = await read_current(spec, upstream, secrets, args, headers, result)
+        if read == "stop":
+            return
+        if read == "gone":  # already gone, as the read-back will confirm: nothing to call
+            await _read_back(spec, upstream, secrets, result, sleep,
+                             f"{spec.current.manifest.tool} found nothing to remove before the "
+                             f"undo, so {m.tool} was not called")
+            return
     carrier = m.idempotency.carrier if m.idempotency else None
     if spec.idempotency_key is not None:
         if carrier is not None and carrier.argument is not None:
@@ -106,8 +115,8 @@ async def _undo(spec: StepInput, upstream: Upstream, secrets: Secrets, result: d
         else:
             headers[carrier.header if carrier and carrier.header else "Idempotency-Key"] = \
                 spec.idempotency_key
-    answer = await _send(m, args, secrets, headers, upstream)
-    result["call"] = _call_record(answer)
+    answer = await send(m, args, secrets, headers, upstream)
+    result["call"] = call_record(answer)
     v = spec.verification
     # A declared status (a DELETE's 404: already gone) counts as done only once the
     # read-back confirms it; any other failure fails the step.
@@ -115,7 +124,7 @@ async def _undo(spec: StepInput, upstream: Upstream, secrets: Secrets, result: d
                       and answer.status in v.done_statuses)
     if answer.kind != "ok" and not done_by_status:
         result.update(outcome="undo_failed", entry_state="undo_failed",
-                      reason=f"{m.tool}: {_failure(answer)}")
+                      reason=f"{m.tool}: {failure(answer)}")
         return
     said = (f"{m.tool} answered {answer.status}, a status compensation.done_statuses counts "
             "as done once confirmed" if done_by_status else f"{m.tool} answered {answer.status}")
@@ -123,9 +132,18 @@ async def _undo(spec: StepInput, upstream: Upstream, secrets: Secrets, result: d
         result.update(ok=True, outcome="undone", entry_state="undone",
                       reason=f"{m.tool} answered {answer.status}; no read-back is declared")
         return
+    await _read_back(spec, upstream, secrets, result, sleep, said)
+
+
+async def _read_back(spec: StepInput, upstream: Upstream, secrets: Secrets,
+                     result: dict[str, Any], sleep: Sleep, said: str) -> None:
+    """The verification after the undo call (or instead of it): the step is undone at the
+    first answer that matches, else undo_failed with the first mismatch."""
+    v = spec.verification
+    assert v is not None
     first: str | None = None
     for attempt in range(1, v.retries + 1):
-        read = await _send(v.manifest, dict(v.arguments), secrets, {}, upstream)
+        read = await send(v.manifest, dict(v.arguments), secrets, {}, upstream)
         try:
             mismatch = _read_back_mismatch(v, read)
         except ValueError as exc:  # an expect path that does not parse: retrying cannot help
@@ -161,7 +179,7 @@ def _read_back_mismatch(v: ReadBackInput, read: Answer) -> str | None:
         return absence_problem(v.absent, read.status, read.data)
     if read.kind == "ok":
         return first_mismatch(v.expect, read.data)
-    return f"the read-back {v.manifest.tool} failed: {_failure(read)}"
+    return f"the read-back {v.manifest.tool} failed: {failure(read)}"
 
 
 async def _still_as_left(spec: StepInput, upstream: Upstream, secrets: Secrets,
@@ -172,13 +190,13 @@ async def _still_as_left(spec: StepInput, upstream: Upstream, secrets: Secrets,
     (the state could not be read)."""
     m, v = spec.manifest, spec.verification
     assert v is not None and v.left
-    read = await _send(v.manifest, dict(v.arguments), secrets, {}, upstream)
+    read = await send(v.manifest, dict(v.arguments), secrets, {}, upstream)
     result["verification"] = {"tool": v.manifest.tool, "attempts": 0, "matched": False,
                               "before_undo": True}
     if read.kind != "ok":
         result.update(outcome="undo_failed", entry_state="undo_failed",
                       reason=f"{v.manifest.tool} could not read the state before {m.tool} "
-                             f"restores it: {_failure(read)}; nothing was called")
+                             f"restores it: {failure(read)}; nothing was called")
         return False
     found = first_mismatch(v.left, read.data)
     if found is None:
@@ -202,8 +220,8 @@ async def _still_as_left(spec: StepInput, upstream: Upstream, secrets: Secrets,
 async def _lookup(spec: StepInput, upstream: Upstream, secrets: Secrets,
                   result: dict[str, Any]) -> None:
     m, step = spec.manifest, spec.step
-    answer = await _send(m, dict(step.arguments or {}), secrets, {}, upstream)
-    result["call"] = _call_record(answer)
+    answer = await send(m, dict(step.arguments or {}), secrets, {}, upstream)
+    result["call"] = call_record(answer)
     if answer.kind == "ok":
         if spec.effect is None:
             result.update(outcome="invalid_step", reason="a lookup step needs effect (the "
@@ -220,29 +238,7 @@ async def _lookup(spec: StepInput, upstream: Upstream, secrets: Secrets,
                       reason=f"{m.tool} answered 404: the call never acted, the entry is failed")
     else:
         result.update(outcome="lookup_failed", entry_state="uncertain",
-                      reason=f"{m.tool}: {_failure(answer)}; the entry stays uncertain")
-
-
-async def _send(m: ToolManifest, args: dict[str, Any], secrets: Secrets, headers: dict[str, str],
-                upstream: Upstream) -> Answer:
-    try:
-        prepared = prepare(m, args, secrets, headers)
-    except Refusal as refusal:
-        return Answer("not_sent", text=refusal.message, sent=False)
-    return await upstream.send(prepared)
-
-
-def _call_record(a: Answer) -> dict[str, Any]:
-    return {"status": a.status, "kind": a.kind, "attempts": a.attempts}
-
-
-def _failure(a: Answer) -> str:
-    if a.kind == "error_status":
-        body = json.dumps(a.data, sort_keys=True)[:300] if a.data is not None else a.text[:300]
-        return f"the upstream answered {a.status}: {body}"
-    if a.kind == "not_json":
-        return f"the upstream answered {a.status} with a body that is not JSON"
-    return a.text or a.kind
+                      reason=f"{m.tool}: {failure(answer)}; the entry stays uncertain")
 
 
 def fit(result: dict[str, Any], limit: int = MESSAGE_LIMIT) -> str:
