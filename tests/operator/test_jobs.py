@@ -53,8 +53,15 @@ def test_a_pod_counts_for_a_job_only_when_the_job_is_its_controlling_owner() -> 
     assert views["run-undo-1-ab"].message == '{"ok":false}'
 
 
-def test_only_ledgers_with_a_rollback_or_a_lost_answer_wake_the_loop() -> None:
-    assert not relevant({"spec": {"run": "r"}, "status": {"entries": [{"state": "succeeded"}]}})
+def test_only_ledgers_with_a_rollback_a_lost_answer_or_a_stale_live_count_wake_the_loop() -> None:
+    assert not relevant({"spec": {"run": "r"}, "status": {"entries": [{"state": "succeeded"}],
+                                                          "live": 1}})
+    assert relevant({"spec": {"run": "r"}, "status": {"entries": [{"state": "succeeded"}]}})
+    assert relevant({"spec": {"run": "r"}, "status": {"entries": [{"state": "succeeded"}] * 2,
+                                                      "live": 1}})
+    assert not relevant({"spec": {"run": "r"}, "status": {"entries": [
+        {"state": "succeeded", "effect": "idempotent"}, {"state": "undone"}], "live": 0}})
+    assert relevant({"spec": {"run": "r", "page": 2}, "status": {"entries": []}})
     assert relevant({"spec": {"rollback": {"requested": True}}})
     assert relevant({"status": {"rollback": {"generation": 1, "steps": []}}})
     assert not relevant({"status": {"rollback": {"generation": 1, "finished": "t"}}})

@@ -103,6 +103,9 @@ class World:
             self.view.conditions = d.status["conditions"]
         if "live" in d.status:
             self.view.live = d.status["live"]
+        if "rollbacks" in d.status:
+            self.view.history = d.status["rollbacks"]
+            self.view.dropped = d.status.get("rollbacksDropped", 0)
         for body in d.jobs:
             name = body["metadata"]["name"]
             if name not in self.jobs:

@@ -75,7 +75,7 @@ class LedgerRollback(_Status):
 
 
 RollbackStepState = Literal["pending", "waiting", "running", "succeeded", "failed", "denied",
-                            "left", "skipped", "cancelled"]
+                            "left", "skipped", "cancelled", "moot", "settled"]
 
 
 class RollbackStep(_Status):
@@ -85,13 +85,17 @@ class RollbackStep(_Status):
     index: int = Field(description="1-based position in the plan; the Job's name carries it.")
     entry: str
     tool: str
-    action: Literal["inverse", "compensate", "discard", "not_undoable", "unrecoverable", "lookup"]
+    action: Literal["inverse", "compensate", "discard", "not_undoable", "unrecoverable", "lookup",
+                    "skip", "moot"]
     undo_tool: str | None = None
     arguments: dict[str, Any] | None = Field(None, description="The undo (or lookup) call's arguments, resolved when the plan was frozen.")
     residue: list[str] = Field(default_factory=list)
     requires_approval: bool = False
     reason: str | None = Field(None, description="Why this action (the plan's reason).")
-    state: RollbackStepState = Field(description="pending, waiting (for an Approval), running (its Job exists), succeeded, failed, denied, left (not undoable or unrecoverable: reported, not run), skipped (the entry changed meanwhile), cancelled.")
+    object: str | None = Field(None, description="The object the entry touched (the plan's object key): steps on one object run one at a time, newest first.")
+    headers: dict[str, Any] | None = Field(None, description="The undo call's headers resolved from the ledger (compensation.headers).")
+    read_before: dict[str, Any] | None = Field(None, description="The read right before the undo (compensation.current): tool, arguments, binds.")
+    state: RollbackStepState = Field(description="pending, waiting (for an Approval), running (its Job exists), succeeded, failed, denied, left (not undoable or unrecoverable: reported, not run), skipped (the entry changed meanwhile), cancelled, moot (an older entry's undo removed its object: nothing called), settled (a person settled its entry by hand).")
     job: str | None = Field(None, description="The Job running the step.")
     idempotency_key: str | None = Field(None, description="The step's stable key (undo steps).")
     attempts: int = Field(0, description="Jobs started for this step.")
@@ -126,6 +130,33 @@ class RollbackStatus(_Status):
     steps: list[RollbackStep] = Field(default_factory=list, description="In execution order.")
 
 
+class RollbackRecordStep(_Status):
+    """One step of a past rollback request, as it ended (the audit trail keeps this much)."""
+
+    index: int
+    entry: str
+    action: str
+    undo_tool: str | None = None
+    state: str
+    outcome: str | None = None
+
+
+class RollbackRecord(_Status):
+    """One rollback request of the run, kept after the next one replaces status.rollback:
+    who asked, when, why, what was planned and how it ended (docs/rollback.md, audit trail)."""
+
+    generation: int = Field(description="The ledger generation of the request.")
+    request: LedgerRollback = Field(description="spec.rollback as asked for.")
+    requestedBy: Requester | None = Field(None, description="Who asked, as verified.")
+    seen: str = Field(description="When the operator first saw the request (RFC 3339).")
+    planned: str | None = Field(None, description="When its plan was frozen (absent: never planned).")
+    finished: str | None = None
+    result: str | None = Field(None, description="How it ended: the RolledBack condition's reason then (RolledBack, PartiallyRolledBack, StepFailed, Cancelled, PlanFailed, ...).")
+    message: str | None = None
+    steps: list[RollbackRecordStep] = Field(default_factory=list, description="Its steps as they ended (at most 200; more are counted in moreSteps).")
+    moreSteps: int = Field(0, description="Steps of the request not kept here (past 200).")
+
+
 class LedgerSpec(_Status):
     """One agent run's ledger page. The entries live in the status, written by the gateway."""
 
@@ -150,6 +181,8 @@ class LedgerStatus(_Status):
     observedGeneration: int | None = None
     conditions: list[Condition] = Field(default_factory=list, description="On a run's first page: RollbackPlanned, RolledBack, Degraded, RetentionExpired (reasons: docs/rollback.md).")
     rollback: RollbackStatus | None = Field(None, description="On a run's first page: the rollback the operator runs (docs/rollback.md).")
+    rollbacks: list[RollbackRecord] = Field(default_factory=list, description="On a run's first page: every rollback request of the run, oldest first (the audit trail: at most 20 requests and 64 KiB; older ones go first, counted in rollbacksDropped).")
+    rollbacksDropped: int = Field(0, description="Rollback requests dropped from rollbacks to keep it within its bound (export the evidence to keep them).")
     fence: Fence | None = Field(None, description="A rollback closed the run to new calls (on every page, written before the rollback plans; docs/rollback.md).")
 
 

@@ -44,8 +44,9 @@ Action = Literal["inverse", "compensate", "discard", "skip", "not_undoable", "un
                  "lookup", "moot"]
 ACTIONS: tuple[Action, ...] = ("inverse", "compensate", "discard", "skip", "not_undoable",
                                "unrecoverable", "lookup", "moot")
-# The actions that call something; the others are reported only.
-RUNNABLE: frozenset[Action] = frozenset({"inverse", "compensate", "discard", "lookup"})
+# The actions a rollback runs (a moot step calls nothing: it records the entry moot); the
+# others are reported only.
+RUNNABLE: frozenset[Action] = frozenset({"inverse", "compensate", "discard", "lookup", "moot"})
 UNDOING: frozenset[Action] = frozenset({"inverse", "compensate", "discard"})
 
 

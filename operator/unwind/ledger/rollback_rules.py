@@ -27,7 +27,7 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any
 
-from .entry import Entry, EntryError, Handle, parse_stamp, stamp
+from .entry import Entry, EntryError, Handle, Settlement, parse_stamp, stamp
 from .fence import Fence
 from .lifecycle import HOLDS, Expect, Write, deadline_passed
 from .plan import Step
@@ -35,6 +35,8 @@ from .store import lock_name
 
 LOOKUP_STATES = frozenset({"uncertain", "pending"})
 UNDOABLE_STATES = frozenset({"succeeded", "undoing", "undo_failed"})
+# What a person may settle by hand (the lifecycle's person rows): an effect that may stand.
+SETTLEABLE = frozenset({"succeeded", "undo_failed", "undoing", "uncertain", "pending"})
 # What a finished undo step records in the entry's ``undo``, from the step runner's result.
 _UNDO_RESULT = ("outcome", "reason", "first_mismatch", "call", "verification", "finished")
 _LOOKUP_RESULT = ("tool", "outcome", "reason", "call", "finished")
@@ -181,3 +183,40 @@ def lookup_end(state: str, result: Mapping[str, Any], moment: datetime, *,
                 code="not_found", message=f"the lookup found no effect: {result.get('reason')}")})
         return e.model_copy(update={"undo": undo})
     return Write("lookup", Expect(state), change, now=moment)  # type: ignore[arg-type]
+
+
+def moot(entry: Entry, why: str, moment: datetime, *, by: str) -> Write:
+    """The undo of ``entry`` has nothing left to do: an older entry's undo removed its
+    object (``objects.moot_reason``). Recorded ``moot`` with why; nothing is called."""
+    def change(e: Entry) -> Entry:
+        undo = {**(e.undo or {}), "outcome": "moot", "reason": why, "by": by,
+                "finished": stamp(moment)}
+        return e.model_copy(update={"state": "moot", "undo": undo})
+    return Write("rollback", Expect.of(entry), change, now=moment)
+
+
+def settle(entry: Entry, settlement: Settlement, moment: datetime) -> Write:
+    """A person settles ``entry`` by hand (``unwind settle``): ``settled``, with who, when, why
+    and the state it was in. A pending or uncertain entry only once its call's deadline has
+    passed (the lifecycle's rows say so)."""
+    def change(e: Entry) -> Entry:
+        return e.model_copy(update={"state": "settled",
+                                    "settled": settlement.model_copy(update={"was": e.state})})
+    return Write("person", Expect.of(entry), change, now=moment)
+
+
+def settle_problem(entry: Entry | None, entry_id: str, moment: datetime) -> str | None:
+    """Why ``entry`` cannot be settled now, in a sentence, or None."""
+    if entry is None:
+        return f"there is no entry {entry_id} in this ledger"
+    if entry.state == "settled":
+        s = entry.settled
+        return (f"entry {entry_id} is settled already" + (f" (by {s.by} at {s.at}: {s.reason})"
+                                                           if s else ""))
+    if entry.state not in SETTLEABLE:
+        return (f"entry {entry_id} is {entry.state}: nothing stands to settle (only "
+                f"{', '.join(sorted(SETTLEABLE))} entries are settled by hand)")
+    if entry.state in LOOKUP_STATES and not deadline_passed(entry, moment):
+        return (f"entry {entry_id} is {entry.state} and its call may still be in flight (until "
+                f"{entry.deadline}): settle it after that")
+    return None

@@ -68,7 +68,18 @@ from .ledgers import decisions_for
 from .objects import Event
 from .retention import Retention
 from .retention import decide as decide_retention
-from .rollback import PASS_FAILURES, Context, Decision, JobView, LedgerView, Reason, decide
+from .rollback import (
+    LIVE_STATES,
+    NO_EFFECT,
+    PASS_FAILURES,
+    Context,
+    Decision,
+    JobView,
+    LedgerView,
+    Reason,
+    decide,
+    live_entries,
+)
 from .undojob import LEDGER_LABEL
 
 log = logging.getLogger("unwind.operator.rollback")
@@ -314,7 +325,9 @@ class RollbackWorker:
                     continue  # a malformed entry is reported by `kubectl unwind plan`
         uncertain = any(e.state == "uncertain" for e in entries)
         fenced = sum(1 for p in ledger.pages if (p.get("status") or {}).get("fence"))
-        if not busy and not uncertain and not full and not fenced:
+        # LIVE is counted from the entries on every change seen, not only on the timer
+        stale_live = len(live_entries(entries)) != status.get("live")
+        if not busy and not uncertain and not full and not fenced and not stale_live:
             return False
         metrics.LEDGERS_CHECKED.labels(namespace).inc()
         meta = first["metadata"]
@@ -324,7 +337,9 @@ class RollbackWorker:
                           requester(namespace, meta, spec.get("rollback"), self.trust) if requested else None,
                           live=status.get("live"), pages=len(ledger.pages), fenced_pages=fenced,
                           holders=self.holders(namespace, str(spec.get("run") or meta["name"]), entries)
-                          if requested else None)
+                          if requested else None,
+                          history=list(status.get("rollbacks") or []),
+                          dropped=int(status.get("rollbacksDropped") or 0))
         decisions = self._approvals_needed(namespace, ledger, rb)
         refused = {n: w for (ns, n), w in self.refused.items() if ns == namespace}
         ctx = Context(namespace, now, self.config.image, self.config.parallelism, self.config.lookup_every)
@@ -638,11 +653,22 @@ class RollbackLoop:
 
 def relevant(body: dict[str, Any]) -> bool:
     """Whether a ledger event needs a pass: a rollback asked for or running, a fence whose
-    request was withdrawn (to lift it), or a lost answer."""
+    request was withdrawn (to lift it), a lost answer, or a LIVE count the entries no longer
+    give (a run's only page whose count is off, or any write to a continuation page)."""
     spec, status = body.get("spec") or {}, body.get("status") or {}
     if (spec.get("rollback") or {}).get("requested") or status.get("fence"):
         return True
     rb = status.get("rollback")
     if rb is not None and not rb.get("finished"):
         return True
-    return any(isinstance(e, dict) and e.get("state") == "uncertain" for e in status.get("entries") or [])
+    entries = [e for e in status.get("entries") or [] if isinstance(e, dict)]
+    if any(e.get("state") == "uncertain" for e in entries):
+        return True
+    if int(spec.get("page") or 1) > 1:
+        return True
+    return not status.get("next") and _raw_live(entries) != (status.get("live") or 0)
+
+
+def _raw_live(entries: list[dict[str, Any]]) -> int:
+    """``rollback.live_entries`` over entries as stored (no model: this runs on every event)."""
+    return sum(1 for e in entries if e.get("state") in LIVE_STATES and e.get("effect") not in NO_EFFECT)

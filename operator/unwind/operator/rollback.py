@@ -60,6 +60,7 @@ from ..ledger import rollback_rules as rules
 from ..ledger.entry import ApprovalDecision, Entry, parse_stamp, stamp
 from ..ledger.fence import Fence
 from ..ledger.lifecycle import AnyWrite, deadline_passed
+from ..ledger.objects import moot_reason
 from ..ledger.plan import (
     UNDOING,
     PlanError,
@@ -72,10 +73,11 @@ from ..ledger.plan import (
 )
 from ..ledger.stepinput import ledger_identity, step_input, step_key
 from ..ledger.store import Holder, Stale
+from . import rollback_audit as audit
 from .objects import Event
 from .undojob import deadline_seconds, job_body, job_name, lookup_job_name, step_problem, step_text
 
-OK_STATES = frozenset({"succeeded", "left", "skipped"})  # a later step may go on
+OK_STATES = frozenset({"succeeded", "left", "skipped", "moot", "settled"})  # a later step may go on
 FAILED_STATES = frozenset({"failed", "denied"})
 TERMINAL = OK_STATES | FAILED_STATES | {"cancelled"}
 MAX_FROZEN_BYTES = 400 * 1024  # the frozen plan shares the first page with its entries
@@ -155,6 +157,8 @@ class LedgerView:
     # Who holds the key of each keyed pending entry (by id), read from the Leases; None:
     # not read (the planner then asks the ledger alone).
     holders: Mapping[str, Holder | None] | None = None
+    history: list[dict[str, Any]] = field(default_factory=list)  # status.rollbacks as read
+    dropped: int = 0  # status.rollbacksDropped as read
 
 
 @dataclass(frozen=True)
@@ -232,6 +236,8 @@ class _Pass:
         self.now = stamp(ctx.now)
         self.rb: dict[str, Any] | None = None
         self.waiting: list[Entry] = []  # calls in flight a new request waits for
+        self._history: list[dict[str, Any]] | None = None  # status.rollbacks, when changed
+        self._dropped: int | None = None
         self.original = ledger.rollback
         if ledger.rollback is not None:
             try:
@@ -280,6 +286,7 @@ class _Pass:
                 if s["state"] == "running":
                     self._record(s)
         current = rb is not None and rb["generation"] == gen
+        self._settled_steps()
         if rb is not None and not rb.get("finished") and not (current and req.requested):
             for s in self.steps:  # a cancelled or superseded request starts nothing more
                 if s["state"] in ("pending", "waiting"):
@@ -313,6 +320,8 @@ class _Pass:
         if not self.waiting:
             return True
         self.out.waiting = True
+        self._remember(audit.seen_record(self.ledger.generation, clean(self.request.model_dump(
+            mode="json")), self.ledger.requester, self.now))
         return False
 
     def _waiting_message(self) -> str:
@@ -380,8 +389,9 @@ class _Pass:
             if s.action == "skip" and not s.residue:  # an idempotent call's change is left
                 skipped += 1
                 continue
+            runs = s.action in UNDOING or s.action in ("lookup", "moot")
             frozen = {**s.to_json(), "index": first + len(out), "attempts": 0,
-                      "state": "pending" if s.action in UNDOING or s.action == "lookup" else "left"}
+                      "state": "pending" if runs else "left"}
             if s.action in UNDOING:
                 frozen["idempotency_key"] = step_key(self._identity, s.entry, s.action)
             out.append(clean(frozen))
@@ -424,10 +434,15 @@ class _Pass:
                     f"lost answers: the undos were planned again: {self._summary()}")
 
     def _independent(self, a: dict[str, Any], b: dict[str, Any]) -> bool:
+        """Two steps may run at once: different entries, on different objects (the plan's
+        object keys: undos of one object run in plan order, one at a time), and neither
+        entry's tool requires the other's."""
         if a["entry"] == b["entry"]:
             return False
         if a["action"] == "lookup" and b["action"] == "lookup":
             return True
+        if a.get("object") is not None and a.get("object") == b.get("object"):
+            return False
         return b["tool"] not in self._requires(a) and a["tool"] not in self._requires(b)
 
     def _requires(self, s: dict[str, Any]) -> set[str]:
@@ -490,6 +505,8 @@ class _Pass:
             return
         if not lookup and not rules.may_undo(entry):
             s.update(state="skipped", message=f"the entry is {entry.state} now: nothing to undo")
+            return
+        if not lookup and self._moot(s, entry):
             return
         approved: dict[str, Any] | None = None
         if s.get("requires_approval"):
@@ -558,6 +575,41 @@ class _Pass:
         return job_body(name=name, ledger=self.ledger.name, uid=self.ledger.uid, entry=entry.id,
                         step=label, text=text, image=self.ctx.image,
                         deadline=deadline_seconds(data, called, verifier), manifests=(called, verifier))
+
+    def _moot(self, s: dict[str, Any], entry: Entry) -> bool:
+        """An older entry's undo removed the step's object (this rollback's, or one before):
+        the entry is recorded moot, nothing is called (ledger/objects.py)."""
+        v = self.versions()
+        why = moot_reason(entry, list(self.entries.values()), lambda e: v.of(e)[0])
+        if why is None:
+            if s["action"] == "moot":  # planned moot; the entry changed meanwhile
+                s.update(state="skipped", message=f"the entry is {entry.state} now and no "
+                         "longer moot: ask for the rollback again to plan its undo")
+                return True
+            return False
+        s.update(state="moot", outcome="moot", message=why, finished=self.now)
+        self._change(entry.id, rules.moot(entry, why, self.ctx.now, by=BY))
+        self._event("Normal", "StepMoot", f"{self._label(s)}: {why}")
+        return True
+
+    def _settled_steps(self) -> None:
+        """A step whose entry a person settled by hand is ``settled`` (unless it succeeded):
+        the conditions then agree with the world (a failed step settled is no failure)."""
+        for s in self.steps:
+            entry = self.entries.get(s["entry"])
+            if entry is None or entry.state != "settled" or s["state"] in ("settled", "succeeded", "running"):
+                continue
+            by = entry.settled.by if entry.settled else "a person"
+            why = entry.settled.reason if entry.settled else ""
+            s.update(state="settled", message=f"settled by hand by {by}: {why}",
+                     finished=s.get("finished") or self.now)
+            self._event("Normal", "StepSettled", f"{self._label(s)}: {s['message']}")
+
+    def _remember(self, record: dict[str, Any]) -> None:
+        history, dropped = audit.bounded(audit.upsert(self.ledger.history if self._history is None
+                                                      else self._history, record),
+                                         self.ledger.dropped if self._dropped is None else self._dropped)
+        self._history, self._dropped = history, dropped
 
     # ---- recording ------------------------------------------------------------------
     def _record(self, s: dict[str, Any]) -> None:
@@ -808,6 +860,15 @@ class _Pass:
         live = len(live_entries(list(self.entries.values())))
         if live != self.ledger.live:
             self.out.status["live"] = live
+        if self.rb is not None:
+            conds = self.out.status.get("conditions", self.ledger.conditions)
+            result = get_condition(conds, ROLLED_BACK) if self.rb.get("finished") else None
+            self._remember(audit.from_rollback(self.rb, result, self.now))
+        if self._history is not None and (clean(self._history) != self.ledger.history
+                                          or self._dropped != self.ledger.dropped):
+            self.out.status["rollbacks"] = clean(self._history)
+            if self._dropped:
+                self.out.status["rollbacksDropped"] = self._dropped
         return self.out
 
 

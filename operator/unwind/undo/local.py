@@ -15,7 +15,9 @@ from the ledger: undone entries are skipped, an ``undoing`` one runs its step ag
 the same key, which the upstream deduplicates, so no undo takes effect twice.
 
 Order: lookups first (an entry found by its lookup is planned again and takes its place
-among the undos), then the undos in plan order. A failed step stops the rollback: a later
+among the undos), then the undos in plan order (entries on one object newest first). An
+undo whose object the undo of an older entry removed is recorded ``moot`` and calls nothing
+(``ledger/objects.py``). A failed step stops the rollback: a later
 step may undo what the failed one's effect was built on (``requires``), and a person should
 look before anything else changes. Running it again retries from there.
 """
@@ -36,6 +38,7 @@ from ..ledger.entry import Entry, now, parse_stamp, stamp
 from ..ledger.fence import Fence
 from ..ledger.filestore import FileLocks, FileStore, LedgerDirError, write_atomic
 from ..ledger.lifecycle import AnyWrite, deadline_passed
+from ..ledger.objects import moot_reason
 from ..ledger.plan import UNDOING, Plan, Selection, Step, Versions, make_plan, never_ran
 from ..ledger.stepinput import StepInput, ledger_identity, step_input
 from ..ledger.store import EntryMissing, Holder, Stale, StoreUnavailable
@@ -214,7 +217,7 @@ async def execute(ledger: LocalLedger, plan: Plan, versions: Versions, selection
         if found:  # found entries take their place among the undos
             steps = list(plan_local(ledger, versions, selection, moment or clock()).steps)
         summary.left = [s for s in steps if s.action in ("not_undoable", "unrecoverable")]
-        for step in [s for s in steps if s.action in UNDOING]:
+        for step in [s for s in steps if s.action in UNDOING or s.action == "moot"]:
             result = await _undo(ledger, step, versions, by, client, secrets, extra, clock)
             if result is not None and stops(step, result):
                 return summary
@@ -248,6 +251,11 @@ async def _undo(ledger: LocalLedger, step: Step, versions: Versions, by: str,
     entry = ledger.store.get_sync(ledger.run, step.entry)
     if entry is None or not rules.may_undo(entry):
         return None  # undone meanwhile (another rollback), or no longer undoable
+    why = moot_reason(entry, ledger.entries(), lambda e: versions.of(e)[0])
+    if why is not None:  # an older entry's undo removed the object (this rollback's, or one before)
+        return _moot(ledger, step, entry, why, by, clock)
+    if step.action == "moot":
+        return None  # planned moot, and no longer (the entry changed meanwhile)
     spec = StepInput.model_validate(step_input(ledger.name, step, entry, versions,
                                                identity=ledger.identity))
     approved = {"user": by, "identities": "self-declared"} if step.requires_approval else None
@@ -264,6 +272,21 @@ async def _undo(ledger: LocalLedger, step: Step, versions: Versions, by: str,
                 "first_mismatch": None}
     result = await run_step(spec, upstream, secrets, clock=clock, **extra)
     counts, done = _record(ledger, step, rules.undo_end(result, keep_empty=True), result)
+    if not counts:
+        return None
+    _free_key(ledger, entry, done)
+    return result
+
+
+def _moot(ledger: LocalLedger, step: Step, entry: Entry, why: str, by: str,
+          clock: Callable[[], datetime]) -> dict[str, Any] | None:
+    """Record ``entry`` moot (nothing is called) and free its key."""
+    moment = clock()
+    result: dict[str, Any] = {"ok": True, "ledger": ledger.name, "entry": step.entry,
+                              "action": "moot", "tool": step.undo_tool, "outcome": "moot",
+                              "entry_state": "moot", "reason": why, "first_mismatch": None,
+                              "finished": stamp(moment)}
+    counts, done = _record(ledger, step, rules.moot(entry, why, moment, by=by), result)
     if not counts:
         return None
     _free_key(ledger, entry, done)
