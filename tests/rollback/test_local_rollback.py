@@ -33,7 +33,7 @@ def approved_charge(gateway: GatewayProc, run: str, key: str, args: dict[str, An
     return gateway.call("stripe.create_charge", args, run=run, key=key)
 
 
-def OBJ(**values: Any) -> str:  # noqa: N802 - reads as the plan's field
+def OBJ(**values: Any) -> str:
     """The plan's object key: the read-back's arguments, values as text (ledger/objects.py)."""
     return json.dumps({k: str(v) for k, v in values.items()}, sort_keys=True,
                       separators=(",", ":"))

@@ -13,7 +13,7 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.rollback.revisions import VERSIONS, Docs, DocsUpstream, T0, record
+from tests.rollback.revisions import T0, VERSIONS, Docs, DocsUpstream, record
 from unwind.ledger.plan import make_plan
 from unwind.ledger.stepinput import StepInput
 from unwind.operator.rollback import Context, JobView, LedgerView, decide
