@@ -45,6 +45,8 @@ def clean_specs() -> dict[str, Spec]:
             "timeout_ms": "10s",
             "idempotency": {"key": "order-{{args.cart_id}}"},
             "audit": {"redaction": ["$args.card"]},
+            "lookup": {"tool": "shop.get_order", "by": "idempotency_key",
+                       "arguments": {"order_id": "$key"}},
             "compensation": {
                 "tool": "shop.cancel_order",
                 "residue": ["the customer gets an order and a cancellation e-mail"],
@@ -93,7 +95,8 @@ def test_the_rule_table_covers_every_targeted_code_once_in_order() -> None:
     assert codes == sorted(codes) == ["L010", "L011", "L012", "L013", "L014", "L015", "L016",
                                       "L017", "L019", "L020", "L021", "L022", "L023", "L024",
                                       "L027", "L030", "L031", "L032", "L033", "L034", "L035", "L036",
-                                      "L037", "L038", "L039", "L040", "L041", "L042"]
+                                      "L037", "L038", "L039", "L040", "L041", "L042",
+                                      "L043", "L044", "L045"]
 
 
 def test_l010_a_mutating_tool_without_description_is_a_warning() -> None:
@@ -445,6 +448,7 @@ def test_l039_an_update_whose_undo_reads_no_before_is_a_warning() -> None:
     specs["shop.create_order"]["capture"] = {"tool": "shop.get_order",
                                              "arguments": {"order_id": "$args.cart_id"}}
     specs["shop.create_order"]["compensation"]["argument_map"]["total"] = "$before.total"
+    specs["shop.create_order"]["compensation"]["verification"]["after_call"] = True  # L043
     assert lint(models(specs)) == []
 
 
@@ -512,3 +516,34 @@ def test_l042_an_undo_that_projects_the_calls_own_arguments_is_a_warning() -> No
     assert "$result[*]" in f.message
     specs["shop.create_order"]["compensation"]["argument_map"]["order_id"] = "$result.orders[*].id"
     assert lint(models(specs)) == []
+
+
+def test_l043_a_capture_checked_against_the_calls_answer_is_a_warning() -> None:
+    specs = clean_specs()
+    order = specs["shop.create_order"]
+    order["capture"] = {"tool": "shop.get_order", "arguments": {"order_id": "$args.cart_id"}}
+    f = only(lint(models(specs)), "L043", "warning", "shop.create_order")
+    assert f.path == "compensation.verification.after_call"
+    assert "compares the state it reads with the call's answer" in f.message
+    assert "set verification.after_call: true" in f.message
+    order["compensation"]["verification"]["after_call"] = True
+    assert lint(models(specs)) == []
+
+
+def test_l044_a_run_scoped_key_carried_in_an_argument_is_a_warning() -> None:
+    specs = clean_specs()
+    specs["shop.create_order"]["idempotency"]["carrier"] = {"argument": "cart_id"}
+    f = only(lint(models(specs)), "L044", "warning", "shop.create_order")
+    assert f.path == "idempotency.carrier.argument"
+    assert "every run sends the same key" in f.message
+    specs["shop.create_order"]["idempotency"]["carrier"] = {"header": "Idempotency-Key"}
+    assert lint(models(specs)) == []  # a header carries <run>:<key>
+
+
+def test_l045_an_undoable_tool_without_a_lookup_is_a_note() -> None:
+    specs = clean_specs()
+    specs["shop.create_order"].pop("lookup")
+    specs["shop.create_order"]["upstream"] = {"url": "https://shop.example/orders"}
+    f = only(lint(models(specs)), "L045", "info", "shop.create_order")
+    assert f.path == "lookup"
+    assert "when its answer is lost" in f.message and "unrecoverable" in f.message

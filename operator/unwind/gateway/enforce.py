@@ -55,13 +55,14 @@ from ..ledger.store import (
     probe,
 )
 from ..ledger.ulid import new_ulid
-from ..manifest.keys import KeyRenderError, render_key
+from ..manifest.keys import KeyRenderError, render_key, sent_key
 from ..manifest.lint import schema_hash_of
 from ..manifest.model import Effect, ToolManifest
 from ..manifest.refs import resolve_map
 from ..upstream.client import Answer, Prepared, Upstream, prepare
 from ..upstream.errors import Refusal, upstream_refusal
 from ..upstream.secrets import Secrets
+from .after_read import read_after, record_after, wants_read_after
 from .callstate import Call, CallRequest, CallResult, Settings
 from .catalogue import Catalogue
 from .keylocks import KeyHolding
@@ -329,7 +330,7 @@ class Gateway(KeyHolding):
         carrier = m.idempotency.carrier
         if carrier is None:
             return
-        c.key_sent = c.key
+        c.key_sent = sent_key(m, c.req.run, c.key)  # scope run, header: the run is in it
         if carrier.argument is not None:
             given = args.get(carrier.argument)
             if given is not None and given != c.key_sent:
@@ -385,6 +386,7 @@ class Gateway(KeyHolding):
         return Entry(
             id=req.entry_id, tool=m.tool if m else req.tool[:128], version=c.version,
             checksum=c.checksum, effect=str(m.effect) if m else None, key=c.key,
+            key_sent=c.key_sent if c.key_sent != c.key else None,
             scope=m.idempotency.scope if m and m.idempotency and c.key else None,
             actor=self.settings.actor, state=state, arguments_sha256=c.digest(),
             warnings=list(c.warnings), times=Times(requested=stamp(self.clock())),
@@ -622,9 +624,26 @@ class Gateway(KeyHolding):
                                           "stays pending (its key stays taken)")
         if state == "failed":
             await self._release(c, holder, free=True)
+        if state == "succeeded" and not c.req.stage and wants_read_after(m):
+            await self._read_after(c, entry, handle, answer.data, report)
         if refusal is not None:
             return CallResult(refusal.status, refusal.envelope(), report, entry.id)
         return CallResult(200, answer.data, report, entry.id, answer.content)
+
+    async def _read_after(self, c: _Call, entry: Entry, handle: Handle, data: Any,
+                          report: dict[str, Any]) -> None:
+        """verification.after_call: the read the divergence check compares with (after_read.py)."""
+        assert c.m is not None
+        after, why = await read_after(self.catalogue, self.upstream, self.secrets, c.m,
+                                      c.req.arguments, data, c.before)
+        if after is not None:
+            try:
+                why = await self.ledger(record_after(self.store, c.req.run, entry, handle, after))
+            except Refusal as exc:
+                why = exc.message
+        if why is not None:
+            report["warnings"].append(f"the read after the call was not recorded ({why}): its "
+                                      "undo will have no divergence check")
 
     def _taken(self, c: _Call, entry: Entry, state: str, report: dict[str, Any],
                exc: TransitionRefused) -> CallResult:

@@ -405,7 +405,7 @@ def _unknown(entry: Entry, m: ToolManifest, note: str, refs: Refs) -> Step:
         # not found, it never happened and its key is free. Unlooked-up, the entry would
         # hold its key for good.
         h = entry.handle or Handle()
-        args, missing = resolve_refs(refs.of(m).lookup, h, entry.key)
+        args, missing = resolve_refs(refs.of(m).lookup, h, entry.key_sent or entry.key)
         if not missing:
             return Step(entry.id, entry.tool, "lookup", m.lookup.tool, args, (), False,
                         f"{what}: {m.lookup.tool} finds whether it acted (found: {m.tool} is "
@@ -420,7 +420,7 @@ def _unknown(entry: Entry, m: ToolManifest, note: str, refs: Refs) -> Step:
         return _report(entry, "unrecoverable", f"unresolvable: {what}, and {m.tool} declares "
                        f"no lookup to find out whether it acted{note}")
     h = entry.handle or Handle()
-    args, missing = resolve_refs(refs.of(m).lookup, h, entry.key)
+    args, missing = resolve_refs(refs.of(m).lookup, h, entry.key_sent or entry.key)
     if missing:
         return _report(entry, "unrecoverable", f"unresolvable: {what}, and the lookup cannot "
                        "be built: " + "; ".join(missing) + note)

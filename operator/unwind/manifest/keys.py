@@ -85,6 +85,20 @@ def number_text(value: int | float) -> str | None:
         return None
 
 
+def sent_key(m: Any, run: str, key: str) -> str:
+    """The key as the upstream sees it. With ``scope: run`` and a header carrier the run is
+    part of it (``<run>:<key>``): the rendered key repeats in every run (a CI job, a retried
+    agent), and an upstream that replays by key would answer a later run with an effect an
+    earlier rollback undid, while both ledgers say succeeded. Elsewhere the rendered key is
+    sent as it is (an argument carrier must match what the caller may send itself: lint
+    L044 says the upstream sees one key across runs)."""
+    idem = getattr(m, "idempotency", None)
+    carrier = idem.carrier if idem is not None else None
+    if idem is not None and idem.scope == "run" and carrier is not None and carrier.header:
+        return f"{run}:{key}"
+    return key
+
+
 def render_key(template: str, args: Mapping[str, Any]) -> str:
     """Render ``template`` over the call's ``args``, or raise KeyRenderError."""
     if not any(name.startswith("args.") for name in placeholders(template)):

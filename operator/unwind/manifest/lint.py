@@ -34,6 +34,11 @@ from urllib.parse import urlsplit
 from .canonical import canonical_json
 from .keys import placeholders
 from .lint_trust import l041_open_input_schema, l042_batch_undone_by_the_callers_names
+from .lint_undo import (
+    l043_divergence_compares_with_the_answer,
+    l044_run_key_shared_across_runs,
+    l045_no_lookup_for_a_lost_answer,
+)
 from .model import Effect, Lifecycle, ToolManifest
 from .refs import RefSyntaxError, parse_ref
 from .undo_refs import kept_references, redacted_needs
@@ -577,6 +582,9 @@ RULES: tuple[Rule, ...] = (
     Rule("L040", "warning", l040_idempotent_overwrite),
     Rule("L041", "warning", l041_open_input_schema),
     Rule("L042", "warning", l042_batch_undone_by_the_callers_names),
+    Rule("L043", "warning", l043_divergence_compares_with_the_answer),
+    Rule("L044", "warning", l044_run_key_shared_across_runs),
+    Rule("L045", "info", l045_no_lookup_for_a_lost_answer),
 )
 
 
