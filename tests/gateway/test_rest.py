@@ -30,7 +30,7 @@ def test_a_call_returns_the_answer_and_the_report_and_the_ledger_holds_the_handl
     assert r.json()["body"] == "looks good"
     assert report(r) == {
         "class": "reversible", "tool": "github.create_comment",
-        "idempotency_key": "comment-octo/hello-7-c1",
+        "idempotency_key": f"{run_name}:comment-octo/hello-7-c1",  # scope run: the run is in it
         "undo": {"kind": "inverse", "tool": "github.delete_comment",
                  "arguments": {"repo": "octo/hello", "comment_id": comment_id}},
         "undo_unavailable": None, "deadline_ms": 86_400_000, "lookup": None,
@@ -40,7 +40,9 @@ def test_a_call_returns_the_answer_and_the_report_and_the_ledger_holds_the_handl
     assert entry["handle"] == {"args": {"repo": "octo/hello"}, "result": {"id": comment_id}}
     assert "looks good" not in json.dumps(entry)  # arguments are never stored whole
     assert entry["times"]["requested"] <= entry["times"]["started"] <= entry["times"]["finished"]
-    assert upstream.admin("requests")["requests"][0]["idempotency_key"] == "comment-octo/hello-7-c1"
+    assert entry["key"] == "comment-octo/hello-7-c1"
+    assert entry["key_sent"] == f"{run_name}:comment-octo/hello-7-c1"
+    assert upstream.admin("requests")["requests"][0]["idempotency_key"] == entry["key_sent"]
     got = httpx2.get(f"{gateway.url}/calls/{run_name}/k-1")
     assert got.status_code == 200 and got.json()["state"] == "succeeded"
     assert httpx2.get(f"{gateway.url}/calls/{run_name}/nope").status_code == 404

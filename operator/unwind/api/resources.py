@@ -219,8 +219,18 @@ class ApprovalSpec(_Status):
     """A recorded decision. The approver's identity is stamped by the webhook, never typed."""
 
     target: ApprovalTarget = Field(description="What is decided: a ToolManifest version or a ledger entry.")
-    decision: Literal["approve", "deny"] = Field(description="approve or deny; a deny is final for its target.")
+    decision: Literal["approve", "deny", "settle"] = Field(description="approve or deny; a deny is final for its target. settle (a ledger entry only, with a reason): a person resolved the entry by hand (`kubectl unwind settle`); the operator records it in the entry.")
     reason: str | None = Field(None, max_length=1024, description="Why, in words a reviewer reads later.")
+
+    @model_validator(mode="after")
+    def _settle_names_an_entry_and_why(self) -> ApprovalSpec:
+        if self.decision == "settle" and not self.target.effectLedger:
+            raise ValueError("decision settle settles a ledger entry: name an effectLedger and "
+                             "an entry (kubectl unwind settle ledger/RUN ENTRY --reason TEXT)")
+        if self.decision == "settle" and not (self.reason or "").strip():
+            raise ValueError("decision settle needs a reason: what was done by hand, for the "
+                             "record (--reason TEXT)")
+        return self
 
 
 class ApprovalStatus(_Status):

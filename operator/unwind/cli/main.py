@@ -8,8 +8,8 @@ which needs the parser whole); each family of commands registers its own in a mo
 its own: check_cmds.py (validate, check, lint, test, schema, init), registry_cmds.py and
 edit_cmds.py (keygen, manifests ...), cluster_cmds.py (operator, dev, probe,
 rotate-signing-key), gateway_cmds.py (gateway, gateway-quit), rollback_cmds.py (plan,
-rollback, undo-step, ledger; its list and show in ledger_cmds.py) and plugin_cmds.py (approve, deny, history, diff, status, and
-plan/rollback of ledger/NAME). The helpers they use (output.py, usage.py, kubectl.py,
+rollback, undo-step, ledger; its list and show in ledger_cmds.py), plugin_cmds.py (approve, deny, history, diff, status, and
+plan/rollback of ledger/NAME) and settle_cmds.py (settle, in a cluster and locally). The helpers they use (output.py, usage.py, kubectl.py,
 plans.py, plugin_view.py, reports.py, scaffold.py, completion.py) import no command module.
 Imports go one way only: tests/cli/test_cli_layers.py fails on a cycle.
 
@@ -91,7 +91,7 @@ def build_parser(command: str | None = None, plugin: bool = False) -> argparse.A
 # looking them up imports no module.
 PLUGIN_COMMANDS = ("approve", "deny", "history", "diff", "status")
 # Commands that take kubectl's flags before them too (plan and rollback of ledger/NAME).
-HOISTED = (*PLUGIN_COMMANDS, "plan", "rollback")
+HOISTED = (*PLUGIN_COMMANDS, "plan", "rollback", "settle")
 # What `kubectl unwind --help` lists: the commands that act on a cluster through kubectl.
 PLUGIN_LISTED = (*HOISTED, "ledger")
 _MODULE_COMMANDS = {"keygen": ("registry_cmds",), "manifests": ("registry_cmds", "edit_cmds"),
@@ -99,7 +99,8 @@ _MODULE_COMMANDS = {"keygen": ("registry_cmds",), "manifests": ("registry_cmds",
                     "rotate-signing-key": ("cluster_cmds",), "probe": ("cluster_cmds",),
                     "gateway": ("gateway_cmds",), "gateway-quit": ("gateway_cmds",),
                     **{c: ("rollback_cmds",) for c in ("plan", "rollback", "undo-step", "ledger")},
-                    **{c: ("plugin_cmds",) for c in PLUGIN_COMMANDS}}
+                    **{c: ("plugin_cmds",) for c in PLUGIN_COMMANDS},
+                    "settle": ("settle_cmds",)}
 
 
 def _register_optional(sub: argparse._SubParsersAction[argparse.ArgumentParser],
@@ -122,6 +123,8 @@ def _register_optional(sub: argparse._SubParsersAction[argparse.ArgumentParser],
         modules["cluster_cmds"].register(sub)
     if "plugin_cmds" in modules:
         modules["plugin_cmds"].register(sub)
+    if "settle_cmds" in modules:
+        modules["settle_cmds"].register(sub)
     if "gateway_cmds" in modules:
         modules["gateway_cmds"].register(sub)
     if "rollback_cmds" in modules:

@@ -113,8 +113,8 @@ def _rollback_file(args: argparse.Namespace) -> int:
     from ..undo.sources import SourceError, load_versions
     from ..upstream.secrets import LocalSecrets
 
-    if args.reason or args.watch:
-        return fail(args, "usage", "--reason and --watch are for a cluster ledger (ledger/NAME)", 2)
+    if args.watch:
+        return fail(args, "usage", "--watch is for a cluster ledger (ledger/NAME)", 2)
     try:
         ledger = open_ledger(args.ledger)
         rewrite = [parse_rewrite(r) for r in args.rewrite_upstream or []]
@@ -145,7 +145,8 @@ def _rollback_file(args: argparse.Namespace) -> int:
     try:
         summary = asyncio.run(execute(ledger, plan, versions, selection, by=by,
                                       secrets=LocalSecrets(args.secrets_dir), report=report,
-                                      moment=moment, say=lambda text: print(text, flush=True)))
+                                      moment=moment, say=lambda text: print(text, flush=True),
+                                      reason=args.reason))
     except (SourceError, PlanError, StoreUnavailable) as exc:
         return fail(args, "rollback", str(exc))
     if summary.stopped is not None:
@@ -219,8 +220,9 @@ def cmd_undo_step(args: argparse.Namespace) -> int:
 
 # ---- ledger export / verify ----
 
-def _ledger_source(args: argparse.Namespace) -> tuple[Any, Any, str]:
-    """(snapshot, rollbacks, source) of a ledger FILE, or of a cluster EffectLedger NAME."""
+def _ledger_source(args: argparse.Namespace) -> tuple[Any, Any, str, int]:
+    """(snapshot, rollbacks, source, rollbacks dropped) of a ledger FILE, or of a cluster
+    EffectLedger NAME."""
     from ..undo.sources import SourceError, read_ledger_file, snapshot
 
     path = Path(args.ledger)
@@ -228,12 +230,13 @@ def _ledger_source(args: argparse.Namespace) -> tuple[Any, Any, str]:
         snap = read_ledger_file(path)
         frozen = path.with_name(f"{snap.run}.rollback.json")
         try:
-            rollbacks = json.loads(frozen.read_text(encoding="utf-8")).get("rollbacks")
+            kept = json.loads(frozen.read_text(encoding="utf-8"))
+            rollbacks, dropped = kept.get("rollbacks"), int(kept.get("dropped") or 0)
         except FileNotFoundError:
-            rollbacks = None
-        except (OSError, ValueError, AttributeError) as exc:
+            rollbacks, dropped = None, 0
+        except (OSError, ValueError, AttributeError, TypeError) as exc:
             raise SourceError(f"{frozen}: cannot be read ({exc})") from None
-        return snap, rollbacks, str(path)
+        return snap, rollbacks, str(path), dropped
     from .kubectl import Kubectl, KubectlError
 
     name = args.ledger.split("/", 1)[1] if "/" in args.ledger else args.ledger
@@ -244,9 +247,24 @@ def _ledger_source(args: argparse.Namespace) -> tuple[Any, Any, str]:
     except KubectlError as exc:
         raise SourceError(f"{args.ledger} is not a file, and the cluster's EffectLedger "
                           f"{name} cannot be read: {exc}") from None
-    # The operator keeps what its rollbacks ran in the first page's status.rollback.
-    rollbacks = (first.get("status") or {}).get("rollback")
-    return snap, rollbacks, f"effectledger/{name} in {kube.where}"
+    status = first.get("status") or {}
+    return (snap, cluster_rollbacks(status), f"effectledger/{name} in {kube.where}",
+            int(status.get("rollbacksDropped") or 0))
+
+
+def cluster_rollbacks(status: dict[str, Any]) -> list[dict[str, Any]] | None:
+    """Every rollback request the first page keeps (``status.rollbacks``, oldest first), the
+    one being run with its whole frozen plan (``status.rollback``) as ``plan``; None when no
+    rollback was asked for. A ledger from before the audit trail has only the latest."""
+    history = [dict(r) for r in status.get("rollbacks") or [] if isinstance(r, dict)]
+    latest = status.get("rollback")
+    if isinstance(latest, dict):
+        mine = next((r for r in history if r.get("generation") == latest.get("generation")), None)
+        if mine is None:
+            history.append({"generation": latest.get("generation"), "plan": latest})
+        else:
+            mine["plan"] = latest
+    return history or None
 
 
 def cmd_ledger_export(args: argparse.Namespace) -> int:
@@ -261,12 +279,12 @@ def cmd_ledger_export(args: argparse.Namespace) -> int:
         return 2
     try:
         key = load_private_key(args.key)
-        snap, rollbacks, source = _ledger_source(args)
+        snap, rollbacks, source, dropped = _ledger_source(args)
     except RegistryError as exc:
         return fail(args, "bad_key", str(exc))
     except SourceError as exc:
         return fail(args, "ledger", str(exc))
-    evidence = build(snap, rollbacks, stamp(), source)
+    evidence = build(snap, rollbacks, stamp(), source, dropped)
     document = signed(evidence, key)
     text = json.dumps(document, ensure_ascii=False, indent=1) + "\n"
     if out == "-":

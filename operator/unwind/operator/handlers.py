@@ -33,7 +33,7 @@ from .keys import KeyKeeper
 from .kube import APPROVALS, BUNDLE_LABEL, LEDGERS, PLURAL, Kube, _message
 from .leader import Elector, Timing
 from .ledgerfailures import permanent
-from .ledgers import decide_entries, decisions_for, ledger_targets
+from .ledgers import decide_entries, decisions_for, ledger_targets, settle_entries, settles_for
 from .reconcile import Settings, failure_statuses, plan
 from .rollback import Reason
 from .undojob import ledger_of_job
@@ -173,11 +173,17 @@ def decide_ledgers(kube: Kube, namespace: str, approvals: list[Any], trust: Any)
     retry: ApiException | None = None
     for ledger in sorted(ledger_targets(approvals)):
         decisions = decisions_for(ledger, namespace, approvals, trust)
-        if not decisions:
+        settles = settles_for(ledger, namespace, approvals, trust)
+        if not decisions and not settles:
             continue
+
+        def change(entries: list[dict[str, Any]], d: Any = decisions, name: str = ledger,
+                   s: Any = settles) -> list[dict[str, Any]] | None:
+            decided = decide_entries(name, entries, d, now) if d else None
+            settled = settle_entries(decided if decided is not None else entries, s, now) if s else None
+            return settled if settled is not None else decided
         try:
-            written = kube.update_ledger(namespace, ledger, lambda entries, d=decisions, name=ledger:  # type: ignore[misc]
-                                         decide_entries(name, entries, d, now))
+            written = kube.update_ledger(namespace, ledger, change)
         except ApiException as exc:
             if not permanent(exc.status):
                 retry = retry or exc

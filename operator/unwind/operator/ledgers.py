@@ -26,8 +26,10 @@ from pydantic import ValidationError
 from ..api.resources import ApprovalSpec
 from ..ledger.clusterstore import compact_entry
 from ..ledger.decide import settle
-from ..ledger.entry import ApprovalDecision, Entry, EntryApproval
+from ..ledger.entry import ApprovalDecision, Entry, EntryApproval, Settlement
 from ..ledger.lifecycle import Expect, Write
+from ..ledger.rollback_rules import settle as settle_by_hand
+from ..ledger.rollback_rules import settle_problem
 from ..registry.signing import TrustStore
 from .approval import ApprovalObject
 from .identity import stamped_identity
@@ -52,8 +54,8 @@ def decisions_for(ledger: str, namespace: str, approvals: Iterable[ApprovalObjec
             spec = ApprovalSpec.model_validate(a.spec)
         except ValidationError:
             continue
-        if spec.target.effectLedger != ledger or not spec.target.entry:
-            continue
+        if spec.target.effectLedger != ledger or not spec.target.entry or spec.decision == "settle":
+            continue  # a settle is no approval (settles_for)
         who, _ = stamped_identity("Approval", namespace, a.spec, a.annotations, trust, a.meta())
         if who is None:
             continue  # written around the webhook: never counts
@@ -62,6 +64,49 @@ def decisions_for(ledger: str, namespace: str, approvals: Iterable[ApprovalObjec
             reason=spec.reason or "", created=a.created,
             arguments_sha256=spec.target.argumentsSha256))
     return found
+
+
+def settles_for(ledger: str, namespace: str, approvals: Iterable[ApprovalObject],
+                trust: TrustStore) -> dict[str, Settlement]:
+    """The first stamped settle of each entry of one ledger (``kubectl unwind settle``): who
+    (as the webhook stamped them), when, why."""
+    found: dict[str, Settlement] = {}
+    for a in sorted(approvals, key=lambda a: (a.created, a.name)):
+        try:
+            spec = ApprovalSpec.model_validate(a.spec)
+        except ValidationError:
+            continue
+        if spec.decision != "settle" or spec.target.effectLedger != ledger or not spec.target.entry:
+            continue
+        who, _ = stamped_identity("Approval", namespace, a.spec, a.annotations, trust, a.meta())
+        if who is None or spec.target.entry in found:
+            continue  # written around the webhook: never counts
+        found[spec.target.entry] = Settlement(by=who.user, groups=list(who.groups),
+                                              identities="kubernetes", reason=spec.reason or "",
+                                              at=a.created, was="", approval=a.name)
+    return found
+
+
+def settle_entries(entries: Sequence[dict[str, Any]], settles: dict[str, Settlement],
+                   now: datetime) -> list[dict[str, Any]] | None:
+    """The page's entries with each stamped settle written in through the lifecycle (the
+    person writer); None when nothing changed. An entry that cannot be settled now (undone
+    meanwhile, or a call still in flight) is left as it is."""
+    out: list[dict[str, Any]] = []
+    changed = False
+    for raw in entries:
+        settlement = settles.get(str(raw.get("id")))
+        try:
+            entry = Entry.model_validate(raw) if settlement is not None else None
+        except ValidationError:
+            entry = None
+        if entry is None or settlement is None or settle_problem(entry, entry.id, now) is not None:
+            out.append(raw)
+            continue
+        settled = settle_by_hand(entry, settlement, now)(entry)
+        out.append(compact_entry(settled.to_json()))
+        changed = True
+    return out if changed else None
 
 
 def bound(entry: Entry, decisions: Sequence[ApprovalDecision]) -> list[ApprovalDecision]:

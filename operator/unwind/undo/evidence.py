@@ -1,5 +1,6 @@
-"""Signed evidence of a run: its entries, the approvals with the approvers' identities, the
-plan each rollback ran, and every step's outcome, in one JSON file anyone can check.
+"""Signed evidence of a run: its entries, the approvals with the approvers' identities, every
+rollback request and the plan it ran, every step's outcome and every settle by hand, in one
+JSON file anyone can check.
 
 The signature covers ``unwind-evidence:<digest>``, where the digest is sha256 over the
 canonical JSON of the evidence (the manifests' canonical form: sorted keys, no spaces). The
@@ -30,8 +31,11 @@ class EvidenceError(Exception):
         self.message = message
 
 
-def build(snapshot: Snapshot, rollbacks: Any, exported: str, source: str) -> dict[str, Any]:
-    """The evidence of one run (unsigned)."""
+def build(snapshot: Snapshot, rollbacks: Any, exported: str, source: str,
+          dropped: int = 0) -> dict[str, Any]:
+    """The evidence of one run (unsigned): every entry, the approvals, every rollback request
+    (``rollbacks``: who asked, when, why, what it planned, how it ended; ``rollbacks_dropped``
+    older ones the ledger no longer held), every undo step and every settle by hand."""
     entries = [e.to_json() for e in snapshot.entries]
     approvals: list[dict[str, Any]] = []
     for e in snapshot.entries:
@@ -46,8 +50,11 @@ def build(snapshot: Snapshot, rollbacks: Any, exported: str, source: str) -> dic
             approvals.append({"entry": e.id, "tool": e.tool, "undo": True, **approved})
     steps = [{"entry": e.id, "tool": e.tool, "state": e.state, **(e.undo or {})}
              for e in snapshot.entries if e.undo]
+    settles = [{"entry": e.id, "tool": e.tool, **e.settled.model_dump(mode="json", exclude_none=True)}
+               for e in snapshot.entries if e.settled is not None]
     return {"ledger": snapshot.name, "run": snapshot.run, "source": source, "exported": exported,
-            "entries": entries, "approvals": approvals, "rollbacks": rollbacks, "steps": steps}
+            "entries": entries, "approvals": approvals, "rollbacks": rollbacks, "steps": steps,
+            "settles": settles, "rollbacks_dropped": dropped}
 
 
 def digest_of(evidence: Any) -> str:

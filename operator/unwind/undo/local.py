@@ -194,7 +194,7 @@ async def execute(ledger: LocalLedger, plan: Plan, versions: Versions, selection
     # a local rollback starts a stdio MCP server as the gateway did
     client = upstream if upstream is not None else Upstream(commands=True)
     extra: dict[str, Any] = {"sleep": sleep} if sleep is not None else {}
-    _freeze(ledger, plan, selection, by, clock, None)
+    _freeze(ledger, plan, selection, by, clock, None, reason)
 
     def stops(step: Step, result: dict[str, Any]) -> bool:
         """Report and keep a step's result; True when the rollback stops at it."""
@@ -225,7 +225,7 @@ async def execute(ledger: LocalLedger, plan: Plan, versions: Versions, selection
     finally:
         if own:
             await client.aclose()
-        _freeze(ledger, plan, selection, by, clock, summary)
+        _freeze(ledger, plan, selection, by, clock, summary, reason)
 
 
 async def _lookup(ledger: LocalLedger, step: Step, versions: Versions, upstream: Upstream,
@@ -320,22 +320,34 @@ def _free_key(ledger: LocalLedger, before: Entry, after: Entry | None) -> None:
         ledger.locks.release_entry_sync(name, ledger.run, before.id)
 
 
+MAX_HISTORY = 50  # rollbacks kept in <run>.rollback.json; older ones are counted in "dropped"
+
+
 def _freeze(ledger: LocalLedger, plan: Plan, selection: Selection, by: str,
-            clock: Callable[[], datetime], summary: Summary | None) -> None:
-    """Keep the plan each rollback ran (``<run>.rollback.json`` beside the ledger): the
-    evidence export includes it, as the operator freezes its plan in the ledger status."""
+            clock: Callable[[], datetime], summary: Summary | None,
+            reason: str | None = None) -> None:
+    """Keep every rollback's request and plan (``<run>.rollback.json`` beside the ledger:
+    who, when, why, what it planned, how it ended; at most ``MAX_HISTORY``, the oldest going
+    first, counted in ``dropped``): the evidence export includes it, as the operator keeps
+    its requests in the ledger status (``status.rollbacks``)."""
     path = ledger.path.with_name(f"{ledger.run}.rollback.json")
     try:
-        history = json.loads(path.read_bytes()).get("rollbacks", [])
-    except (OSError, ValueError, AttributeError):
-        history = []
+        kept = json.loads(path.read_bytes())
+        history, dropped = kept.get("rollbacks", []), int(kept.get("dropped") or 0)
+    except (OSError, ValueError, AttributeError, TypeError):
+        history, dropped = [], 0
     if summary is None:
-        history.append({"by": by, "started": stamp(clock()), "entries": list(selection.entries),
-                        "since": selection.since, "plan": plan.to_json()})
+        history.append({"by": by, "started": stamp(clock()), "reason": reason,
+                        "entries": list(selection.entries), "since": selection.since,
+                        "plan": plan.to_json()})
+        while len(history) > MAX_HISTORY:
+            history.pop(0)
+            dropped += 1
     elif history:
         history[-1].update(finished=stamp(clock()), ok=summary.ok,
                            stopped_at=summary.stopped["entry"] if summary.stopped else None)
     # The ledger entries hold every outcome; this copy of the plan is for the evidence.
     with contextlib.suppress(OSError):
-        write_atomic(path, json.dumps({"ledger": ledger.name, "rollbacks": history},
+        write_atomic(path, json.dumps({"ledger": ledger.name, "rollbacks": history,
+                                       **({"dropped": dropped} if dropped else {})},
                                       ensure_ascii=False, indent=1).encode())
