@@ -122,6 +122,19 @@ def test_a_watch_that_times_out_says_what_the_ledger_shows_and_asks_about_the_op
     assert broken.startswith("error: timed out after 600s: ledger/run-1 is Degraded (DecisionsWriteFailed)")
 
 
+def test_the_commands_a_timed_out_watch_suggests_name_the_ledgers_namespace_so_they_work_as_written() -> None:
+    going = ledger(3, False, RolledBack=("False", "InProgress"))
+    going["metadata"] = {"name": "run-1", "namespace": "shop"}
+    said = view.watch_timeout(going, "ledger/run-1", 3, 600)
+    assert "`kubectl get ledger/run-1 -n shop -w`" in said
+    assert "kubectl get events -n shop --field-selector involvedObject.name=run-1" in said
+    silent = ledger(2, True)
+    silent["metadata"] = {"name": "run-1", "namespace": "shop"}
+    assert "kubectl get events -n shop --field-selector" in view.watch_timeout(silent, "ledger/run-1", 3, 600)
+    assert view.ns_flag("shop") == " -n shop"
+    assert view.ns_flag(None) == view.ns_flag("") == ""  # kubectl's own default: nothing to add
+
+
 def test_watch_says_what_a_fenced_rollback_waits_for_before_it_plans() -> None:
     from unwind.cli.plugin_view import waiting_line
 

@@ -185,6 +185,7 @@ def test_a_ledger_entry_decision_is_recorded_for_the_operators_tally_and_a_secon
                     kubectl=True))
     assert out.startswith("approved entry e-0007 of ledger/run-42 as bob (Approval run-42-approve-e-0007-")
     assert "the operator tallies it into the entry" in out and "not tallied" not in out
+    assert f"`kubectl get ledger/run-42 -n {namespace} -o yaml`" in out  # works as written
     [record] = client.CustomObjectsApi(k8s_api).list_namespaced_custom_object(
         GROUP, VERSION, namespace, "approvals")["items"]
     assert record["spec"]["target"] == {"effectLedger": "run-42", "entry": "e-0007"}

@@ -214,7 +214,8 @@ def test_a_rollback_of_one_entry_does_not_read_rolled_back_while_the_runs_other_
     rolled = w.condition("RolledBack")
     assert (rolled["status"], rolled["reason"]) == ("False", "PartiallyRolledBack")
     assert "3 other entries of the run still have live effects (pay-1, i-1, rel-1)" in rolled["message"]
-    assert "kubectl unwind rollback ledger/run-42 --reason TEXT" in rolled["message"]
+    assert "kubectl unwind rollback ledger/run-42 -n shop --reason TEXT undoes them" in rolled["message"]
+    assert "kubectl unwind settle ledger/run-42 ENTRY -n shop --reason TEXT" in rolled["message"]
     assert w.condition("Degraded")["status"] == "False"
     assert w.view.live == 3 and d.status["live"] == 3
     assert [e.reason for e in d.events] == ["StepSucceeded", "PartiallyRolledBack"]
@@ -283,7 +284,9 @@ def test_a_step_whose_compensation_requires_approval_waits_for_an_approval_made_
     d = w.step()
     assert not d.jobs and w.steps()[0]["state"] == "waiting"
     assert w.condition("RolledBack")["reason"] == "WaitingForApproval"
-    assert "kubectl unwind approve ledger/run-42 --entry i-9" in w.condition("RolledBack")["message"]
+    assert "kubectl unwind approve ledger/run-42 --entry i-9 -n shop" in w.condition("RolledBack")["message"]
+    waiting = [e for e in d.events if e.reason == "WaitingForApproval"]
+    assert waiting and waiting[0].message.endswith("kubectl unwind approve ledger/run-42 --entry i-9 -n shop")
     w.decisions["i-9"].append(ApprovalDecision(name="now", user="carol", groups=["finance"],
                                                decision="approve", created=stamp(w.now)))
     d = w.step()

@@ -145,7 +145,7 @@ def cmd_decide(args: argparse.Namespace) -> int:
         raise UsageError(f"{target}: say which entry with --entry ID")
     if target.kind == "EffectLedger" and args.wait:
         raise UsageError("--wait follows a ToolManifest's Approved condition; a ledger entry's "
-                         f"tally is in its approval: `kubectl get {target} -o yaml`")
+                         f"tally is in its approval: `kubectl get {target}{view.ns_flag(args.namespace)} -o yaml`")
     timeout = _timeout(args.timeout)
     k = Kubectl.from_args(args)
     if target.kind == "EffectLedger":
@@ -248,7 +248,7 @@ def _decide_entry(k: Kubectl, target: Target, decision: str, args: argparse.Name
     _note_already_decided(k, created, f"entry {args.entry} of {target}")
     print(f"{'approved' if decision == 'approve' else 'denied'} entry {args.entry} of {target} as {who} "
           f"(Approval {name}); the operator tallies it into the entry (its approval in `kubectl get "
-          f"{target} -o yaml`), and the agent's retry of the call runs it once approved")
+          f"{target}{view.ns_flag(k.namespace)} -o yaml`), and the agent's retry of the call runs it once approved")
     return 0
 
 
@@ -427,7 +427,7 @@ def cmd_cluster_rollback(args: argparse.Namespace) -> int:
         raise
     generation = int(view.meta(patched).get("generation") or 0)
     print(f"rollback of {target} requested (generation {generation}): the operator freezes the "
-          f"plan and runs one Job per step; follow it with `kubectl get jobs -l "
+          f"plan and runs one Job per step; follow it with `kubectl get jobs{view.ns_flag(k.namespace)} -l "
           f"unwind.dev/ledger={label_value(target.name)}`" + ("" if args.watch else " or --watch"))
     if not args.watch:
         return 0

@@ -560,6 +560,11 @@ def ended_line(target: str, ok: bool, why: str) -> str:
     return f"{target}: {'rolled back' if ok else 'not rolled back'}: {why}"
 
 
+def ns_flag(namespace: Any) -> str:
+    """`` -n NAMESPACE`` for a command a message suggests, so it works as written."""
+    return f" -n {namespace}" if isinstance(namespace, str) and namespace else ""
+
+
 def watch_timeout(obj: Mapping[str, Any], target: str, generation: int, timeout: float) -> str:
     """What --watch says when it gives up: where the rollback stands, or what the ledger says
     went wrong; "is the operator running?" only when nothing shows the operator saw the request."""
@@ -568,11 +573,12 @@ def watch_timeout(obj: Mapping[str, Any], target: str, generation: int, timeout:
     conds = conditions(obj)
     rolled, degraded = conds.get("RolledBack", {}), conds.get("Degraded", {})
     head = f"error: timed out after {timeout:g}s"
-    events = f"kubectl get events --field-selector involvedObject.name={name}"
+    ns = ns_flag(meta(obj).get("namespace"))
+    events = f"kubectl get events{ns} --field-selector involvedObject.name={name}"
     if degraded.get("status") == "True":
         return f"{head}: {target} is Degraded ({degraded.get('reason')}): {degraded.get('message')}"
     if isinstance(rb, Mapping) and int(rb.get("generation") or 0) >= generation:
         state = f" ({rolled.get('reason')}: {rolled.get('message')})" if rolled else ""
-        return f"{head}; the rollback goes on{state}: follow it with `kubectl get {target} -w` or {events}"
+        return f"{head}; the rollback goes on{state}: follow it with `kubectl get {target}{ns} -w` or {events}"
     return (f"{head}: the operator has not planned the request (generation {generation}) and the ledger "
             f"shows no failure: is the operator running and leading? See {events} and the operator's log")

@@ -258,6 +258,11 @@ class _Pass:
             self._versions = self._versions_fn()
         return self._versions
 
+    @property
+    def _ns(self) -> str:
+        """`` -n NAMESPACE`` for the commands a message suggests: they must work as written."""
+        return f" -n {self.ctx.namespace}" if self.ctx.namespace else ""
+
     def _event(self, type_: str, reason: str, message: str) -> None:
         self.out.events.append(Event(self.ledger.name, type_, reason, message, kind=KIND))
 
@@ -515,7 +520,7 @@ class _Pass:
                 if s["state"] != "waiting":
                     s["state"] = "waiting"
                     self._event("Normal", Reason.WAITING_FOR_APPROVAL, f"{self._label(s)} needs an "
-                                f"Approval: kubectl unwind approve ledger/{self.ledger.name} --entry {s['entry']}")
+                                f"Approval: kubectl unwind approve ledger/{self.ledger.name} --entry {s['entry']}{self._ns}")
                 return
             if d.decision == "deny":
                 s.update(state="denied", message=f"denied by {d.user} (Approval {d.name})"
@@ -719,7 +724,9 @@ class _Pass:
         ids = ", ".join(e.id for e in outside[:10]) + (f" and {len(outside) - 10} more" if len(outside) > 10 else "")
         return (f"{self._rolled_back_message()}; {len(outside)} other entr{'y' if len(outside) == 1 else 'ies'} "
                 f"of the run still {'has' if len(outside) == 1 else 'have'} live effects ({ids}): "
-                f"kubectl unwind rollback ledger/{self.ledger.name} --reason TEXT undoes them")
+                f"kubectl unwind rollback ledger/{self.ledger.name}{self._ns} --reason TEXT "
+                f"undoes them, or kubectl unwind settle ledger/{self.ledger.name} ENTRY{self._ns} --reason TEXT "
+                "records what was resolved by hand")
 
     # ---- conditions ---------------------------------------------------------------
     def _conditions(self) -> None:
@@ -768,7 +775,7 @@ class _Pass:
                 if waiting and not running:
                     w = waiting[0]
                     put(ROLLED_BACK, "False", Reason.WAITING_FOR_APPROVAL, f"{self._label(w)} needs an "
-                        f"Approval: kubectl unwind approve ledger/{self.ledger.name} --entry {w['entry']}")
+                        f"Approval: kubectl unwind approve ledger/{self.ledger.name} --entry {w['entry']}{self._ns}")
                 else:
                     names = ", ".join(self._label(s) for s in running[:5]) or "none"
                     put(ROLLED_BACK, "False", Reason.IN_PROGRESS,
