@@ -185,6 +185,8 @@ def test_a_draft_is_recorded_but_not_published() -> None:
     assert c.condition("draft", "Approved")["reason"] == "Draft"
     assert c.condition("draft", "Ready")["reason"] == "DraftRecorded"
     assert c.objects["draft"].status["version"] == 1
+    assert c.objects["draft"].status["lifecycle"] == "draft"
+    assert c.objects["read"].status["lifecycle"] == "approved"
 
 
 def test_a_published_manifest_may_not_lean_on_a_draft() -> None:
@@ -244,7 +246,8 @@ def test_approved_from_an_untrusted_applier_waits_and_says_how_to_approve_it() -
     assert "applied by mallory, who is not in trustedAppliers" in approved["message"]
     assert "`kubectl unwind approve tm/read -n shop` (as someone other than mallory)" in approved["message"]
     assert c.condition("read", "Ready")["status"] == "False"
-    assert c.objects["read"].status["lifecycle"] == "draft"
+    # not a draft: a version waiting for an approver says so in the Lifecycle column
+    assert c.objects["read"].status["lifecycle"] == "awaiting-approval"
     assert c.enforced() == {}
 
 
@@ -315,6 +318,7 @@ def test_a_spec_change_needs_a_new_approval_and_the_approved_version_stays_meanw
     c.decide("read", "bob")
     c.reconcile()
     assert c.enforced() == {"shop.get_order": 2}
+    assert c.objects["read"].status["lifecycle"] == "approved"
 
 
 def test_a_deny_is_final_for_its_version() -> None:
@@ -327,6 +331,7 @@ def test_a_deny_is_final_for_its_version() -> None:
     approved = c.condition("read", "Approved")
     assert approved["reason"] == "Denied"
     assert "denied by carol (Approval carol-0): reads card numbers; a deny is final" in approved["message"]
+    assert c.objects["read"].status["lifecycle"] == "denied"
     assert [e.reason for e in c.reconcile().events] == []
     c.apply("read", {**READ, "description": "no card numbers"}, by="alice")
     c.decide("read", "bob")

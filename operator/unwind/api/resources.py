@@ -54,7 +54,7 @@ class ToolManifestStatus(_Status):
     observedGeneration: int | None = Field(None, description="The metadata.generation last reconciled.")
     version: int | None = Field(None, description="Registry version of the current spec (one per distinct checksum).")
     checksum: str | None = Field(None, description="sha256 of the canonical normalized spec.")
-    lifecycle: Literal["draft", "approved", "deprecated"] | None = Field(None, description="Effective lifecycle.")
+    lifecycle: Literal["draft", "awaiting-approval", "denied", "approved", "deprecated"] | None = Field(None, description="The current version's lifecycle: approved or deprecated once approved (Ready says whether it is enforced), else draft (spec.lifecycle: draft), awaiting-approval (an approver must approve it: see Approved) or denied (final for this version).")
     keyId: str | None = Field(None, description="Id of the key that signed the published version.")
     publishedVersion: int | None = Field(None, description="Version currently in the namespace bundle; may lag an invalid edit.")
     publishedChecksum: str | None = Field(None, description="Checksum of the version in the bundle.")

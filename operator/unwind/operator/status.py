@@ -48,6 +48,22 @@ def _approval_condition(namespace: str, st: State, settings: Settings,
     return False, Reason.AWAITING, f"{v} waits for approval ({who}): {_how_to_approve(namespace, st)}{note}"
 
 
+# What the Lifecycle column shows for a version that is not enforced, by its Approved reason:
+# a version waiting for an approver is not a draft (issue 27: `draft` shown for it misled).
+_NOT_ENFORCED = {Reason.DRAFT: "draft", Reason.AWAITING: "awaiting-approval", Reason.DENIED: "denied"}
+
+
+def _lifecycle(st: State, enforced_now: bool, approved: bool | None, reason: str) -> str | None:
+    """The current version's lifecycle as it really is: approved or deprecated once approved
+    (enforced, or held back only by set-level validation, which Ready says), else draft,
+    awaiting-approval or denied."""
+    if st.model is None:
+        return None
+    if enforced_now or approved:
+        return st.chosen_lifecycle
+    return _NOT_ENFORCED.get(reason, "draft")
+
+
 def _approved_by(st: State, entry: BundleEntry | None) -> dict[str, Any] | None:
     if entry is None:
         return None
@@ -126,7 +142,7 @@ def status_of(namespace: str, st: State, entry: BundleEntry | None, key_id: str 
         # a spec valid alone is a version (approvable) even while the set refuses it
         "version": st.version if st.model is not None else None,
         "checksum": st.digest if st.model is not None else None,
-        "lifecycle": (st.chosen_lifecycle if enforced_now else "draft") if st.model is not None else None,
+        "lifecycle": _lifecycle(st, enforced_now, approved, reason),
         "keyId": key_id if entry else None,
         "publishedVersion": entry.version if entry else None,
         "publishedChecksum": entry.checksum if entry else None,
