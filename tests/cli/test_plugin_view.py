@@ -137,6 +137,20 @@ def test_without_kubectl_on_path_every_command_says_so(monkeypatch: pytest.Monke
     assert "--entry names a ledger entry" in capsys.readouterr().err
 
 
+def test_several_targets_are_for_manifests_and_a_ledger_entry_is_decided_one_per_command(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))  # refused before any kubectl call
+    assert main(["approve", "tm/read", "ledger/run-1", "--entry", "e-1"]) == 1
+    assert "several targets are for ToolManifests (tm/A tm/B ...); decide on one ledger entry per " \
+           "command: ledger/NAME --entry ID" in capsys.readouterr().err
+    assert main(["deny", "tm/read", "tm/write", "--entry", "e-1"]) == 1
+    assert "--entry names a ledger entry" in capsys.readouterr().err
+    assert main(["approve", "tm/read", "tm/write", "--ledger", "run.json"]) == 1
+    assert "drop tm/read tm/write" in capsys.readouterr().err
+    assert main(["approve", "tm/read", "tm/write"]) == 1  # then kubectl is needed
+    assert "error: kubectl is not on PATH" in capsys.readouterr().err
+
+
 # ---- tables ---------------------------------------------------------------------------
 
 def test_a_table_aligns_its_columns_under_upper_case_headers() -> None:

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 from cluster_helpers import (
+    CANCEL,
     GROUP,
     READ,
     ROOT,
@@ -27,7 +28,7 @@ from cluster_helpers import (
 from kubernetes import client
 
 from unwind.controlplane import ControlPlane
-from unwind.controlplane.dev import OperatorProcess
+from unwind.controlplane.dev import OperatorProcess, kubectl
 
 BIN = Path(sys.executable).parent  # the virtualenv's bin/, where pip put kubectl-unwind
 
@@ -94,6 +95,37 @@ def test_bob_approves_alices_manifest_with_his_kubeconfig_after_four_eyes_refuse
     # kubectl's own flags may come before the command: `kubectl unwind -n NS status`
     table = rows(ok(unwind("-n", namespace, f"--kubeconfig={bob}", "status", kubectl=True)))
     assert table["read"][3:] == ["1", "enforced", "-"]
+
+
+def test_bob_approves_a_set_of_manifests_in_one_command_and_the_one_he_wrote_himself_is_refused_alone(
+        operator: OperatorProcess, control_plane: ControlPlane, k8s_api: client.ApiClient, namespace: str) -> None:
+    alice, bob = control_plane.user_kubeconfig("alice"), control_plane.user_kubeconfig("bob")
+    apply(alice, namespace, tm("read", READ), tm("list", {**READ, "tool": "shop.list_orders"}))
+    apply(bob, namespace, tm("own", CANCEL))
+    for name in ("read", "list", "own"):
+        wait_for(f"{name} settled", lambda n=name: settled(k8s_api, namespace, n))
+    # waiting for an approver is not a draft: the LIFECYCLE column says what it is
+    listed = kubectl(control_plane.kubeconfig, "-n", namespace, "get", "toolmanifests")
+    assert rows(listed)["read"][3] == "awaiting-approval", listed
+
+    out = unwind("approve", "tm/read", "tm/list", "tm/own", "tm/read", "-n", namespace, f"--kubeconfig={bob}",
+                 "--reason", "the order tools, released together", "--wait", kubectl=True)
+    assert out.returncode == 1, out.stderr
+    assert out.stderr.strip().splitlines() == [
+        "error: four-eyes: you (bob) last changed the spec of ToolManifest 'own'; someone else must approve it"]
+    said = out.stdout.strip().splitlines()
+    assert [line.split(" (sha256:")[0] for line in said if line.startswith("approved version")] == [
+        "approved version 1 of tm/read", "approved version 1 of tm/list"]  # each once, in the order given
+    assert said[-1] == "approved 2 of 3 manifests; not decided: tm/own (see the errors above)"
+    assert enforced(k8s_api, namespace) == {"shop.get_order": 1, "shop.list_orders": 1}
+    stored = client.CustomObjectsApi(k8s_api).list_namespaced_custom_object(GROUP, VERSION, namespace, "approvals")
+    assert sorted(a["spec"]["target"]["toolManifest"] for a in stored["items"]) == ["list", "read"]
+    assert {a["spec"]["reason"] for a in stored["items"]} == {"the order tools, released together"}
+    assert rows(kubectl(control_plane.kubeconfig, "-n", namespace, "get", "toolmanifests"))["read"][3] == "approved"
+
+    carol = json.loads(ok(unwind("approve", "tm/own", "tm/read", "-n", namespace, "-o", "json",
+                                 f"--kubeconfig={control_plane.user_kubeconfig('carol')}")))
+    assert [(d["target"]["toolManifest"], d["approver"]) for d in carol] == [("own", "carol"), ("read", "carol")]
 
 
 def test_an_impersonated_approval_a_final_deny_the_history_and_the_diff_of_two_versions(

@@ -126,19 +126,24 @@ def _result(created: dict[str, Any], target: dict[str, Any],
 
 @_guarded()
 def cmd_decide(args: argparse.Namespace) -> int:
+    targets = list(dict.fromkeys(args.target or ()))  # the same manifest twice is decided once
     if args.ledger:  # the local form: a ledger file, no cluster
-        if args.target:
-            raise UsageError(f"--ledger decides on a ledger file's entry: drop {args.target}")
+        if targets:
+            raise UsageError(f"--ledger decides on a ledger file's entry: drop {' '.join(targets)}")
         from .gateway_cmds import cmd_local_decide
 
         return cmd_local_decide(args)
     if args.by or args.group or args.deny:
         raise UsageError("--by, --group and --deny are for local ledgers (--ledger FILE); in a "
                          "cluster your identity comes from your credentials")
-    if not args.target:
-        raise UsageError("say what to decide: tm/NAME or ledger/NAME (or --ledger FILE)")
+    if not targets:
+        raise UsageError("say what to decide: tm/NAME (one or more) or ledger/NAME (or --ledger FILE)")
     decision = args.command
-    target = view.parse_target(args.target)
+    parsed = [view.parse_target(t) for t in targets]
+    target = parsed[0]
+    if len(parsed) > 1 and any(t.kind == "EffectLedger" for t in parsed):
+        raise UsageError("several targets are for ToolManifests (tm/A tm/B ...); decide on one "
+                         "ledger entry per command: ledger/NAME --entry ID")
     if target.kind == "ToolManifest" and args.entry:
         raise UsageError("--entry names a ledger entry: use it with ledger/NAME")
     if target.kind == "EffectLedger" and not args.entry:
@@ -150,7 +155,37 @@ def cmd_decide(args: argparse.Namespace) -> int:
     k = Kubectl.from_args(args)
     if target.kind == "EffectLedger":
         return _decide_entry(k, target, decision, args)
-    return _decide_manifest(k, target, decision, args, timeout)
+    if len(parsed) == 1:
+        ok, doc = _decide_manifest(k, target, decision, args, timeout)
+        if args.output:
+            emit(doc, args.output)
+        return 0 if ok else 1
+    return _decide_manifests(k, parsed, decision, args, timeout)
+
+
+def _decide_manifests(k: Kubectl, targets: Sequence[Target], decision: str, args: argparse.Namespace,
+                      timeout: float) -> int:
+    """Several ToolManifests in one command (a release of a set): each gets its own Approval
+    of its own current version, as if decided one by one; one refused (invalid, not seen yet,
+    four-eyes) is reported and the others are still decided. Exit 1 when any was refused."""
+    docs: list[dict[str, Any]] = []
+    refused: list[str] = []
+    for target in targets:
+        try:
+            ok, doc = _decide_manifest(k, target, decision, args, timeout)
+        except (Refusal, KubectlError) as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            ok, doc = False, {"target": {"toolManifest": target.name}, "error": str(exc)}
+        docs.append(doc)
+        if not ok:
+            refused.append(str(target))
+    if args.output:
+        emit(docs, args.output)
+    else:
+        done = len(targets) - len(refused)
+        print(f"{'approved' if decision == 'approve' else 'denied'} {done} of {len(targets)} manifests"
+              + (f"; not decided: {', '.join(refused)} (see the errors above)" if refused else ""))
+    return 1 if refused else 0
 
 
 def _timeout(text: str) -> float:
@@ -163,7 +198,8 @@ def _timeout(text: str) -> float:
 
 
 def _decide_manifest(k: Kubectl, target: Target, decision: str, args: argparse.Namespace,
-                     timeout: float) -> int:
+                     timeout: float) -> tuple[bool, dict[str, Any]]:
+    """Decide on one ToolManifest's current version: (whether it went as decided, the -o document)."""
     obj = _read(k, target)
     digest, version = _current_version(target, obj, decision)
     approved = view.conditions(obj).get("Approved", {})
@@ -193,9 +229,7 @@ def _decide_manifest(k: Kubectl, target: Target, decision: str, args: argparse.N
             print(f"Approved={condition.get('status')} ({condition.get('reason')}): {condition.get('message')}")
         if not ok:
             print(f"error: {why}", file=sys.stderr)
-    if args.output:
-        emit(_result(created, summary, condition), args.output)
-    return 0 if ok else 1
+    return ok, _result(created, summary, condition)
 
 
 def _wait(k: Kubectl, target: Target, digest: str, decision: str, name: str,
@@ -475,7 +509,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                       ("deny", "deny the current version of a ToolManifest, or a ledger entry (final)")):
         p = sub.add_parser(verb, help=doc, description=doc + ". Your identity comes from your "
                            "credentials: the admission webhook records it.")
-        p.add_argument("target", metavar="TARGET", nargs="?", help="tm/NAME or ledger/NAME")
+        p.add_argument("target", metavar="TARGET", nargs="*", help="tm/NAME (several: each is "
+                       "decided on its own, e.g. a set released together) or ledger/NAME")
         p.add_argument("--entry", metavar="ID", help="the ledger entry to decide (ledger targets)")
         p.add_argument("--reason", metavar="TEXT", help="why, for whoever reads the record later")
         p.add_argument("--wait", action="store_true", help="wait until the Approved condition "
