@@ -285,8 +285,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                         "(cached by a digest of their inputs); --import SOCKET loads them into a containerd")
     p.add_argument("--import", dest="import_to", metavar="SOCKET", help="containerd socket to import into")
     p.set_defaults(func=cmd_dev_image)
-    p = dsub.add_parser("node", help="the kubelet stand-in, for fast tests: run undo Jobs' pods and "
-                        "pods with the gateway sidecar as local processes")
+    p = dsub.add_parser("node", help="the kubelet stand-in, for a few fast tests (dev up runs a real "
+                        "kubelet): run undo Jobs' pods and pods with the gateway sidecar as local processes")
     p.add_argument("--kubeconfig", default=None, help="default $KUBECONFIG")
     p.add_argument("-n", "--namespace", default=None, help="only this namespace (default: all)")
     p.add_argument("--workers", type=int, default=4, help="pods run at once (default 4)")
