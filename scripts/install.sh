@@ -5,9 +5,9 @@
 # and the node's binaries (etcd, kube-apiserver, kube-controller-manager, kube-scheduler,
 # kubectl; kubelet, kube-proxy) built from Go modules; and the project's image and a pause
 # image built with buildah. Everything built is cached in ~/.cache/unwind, keyed by its
-# inputs, so a machine that built it once goes fast. The npm MCP servers the tests run
-# against (tests/gateway/installs.py PREFETCH: server-everything, server-memory) go to
-# ~/.cache/unwind-tests, once. Safe to run again.
+# inputs, so a machine that built it once goes fast. The npm servers the tests run against
+# (tests/gateway/installs.py PREFETCH: server-everything, server-memory, pouchdb-server) go
+# to ~/.cache/unwind-tests, once. Safe to run again.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"

@@ -25,7 +25,9 @@ DONE = ".installed"
 EVERYTHING = ("@modelcontextprotocol/server-everything", "2026.8.31", "mcp-server-everything")
 # server-memory: the stdio server the scaffold's worked example adopts (and test_mcp_upstream)
 SERVER_MEMORY = ("@modelcontextprotocol/server-memory", "2026.8.31")
-PREFETCH = (EVERYTHING, (*SERVER_MEMORY, "mcp-server-memory"))
+# pouchdb-server: the document store with revisions the rollback tests undo against
+POUCHDB_SERVER = ("pouchdb-server", "4.2.0", "pouchdb-server")
+PREFETCH = (EVERYTHING, (*SERVER_MEMORY, "mcp-server-memory"), POUCHDB_SERVER)
 
 
 def cache_dir(name: str, version: str) -> Path:

@@ -212,8 +212,9 @@ async def _still_as_left(spec: StepInput, upstream: Upstream, secrets: Secrets,
                   reason=f"diverged: {v.manifest.tool} reads a state the call did not leave "
                          f"({found.replace(', expected ', ', the call left ')}): it was changed "
                          f"after the call, so {m.tool} was not called (restoring would "
-                         "overwrite that later change); decide by hand, then roll back again "
-                         "or leave it")
+                         "overwrite that later change); decide by hand and record it with "
+                         "settle (the entry is then left alone), or undo the later change and "
+                         "roll back again")
     return False
 
 
