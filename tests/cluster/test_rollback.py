@@ -203,7 +203,9 @@ def test_a_charge_a_comment_an_issue_and_a_staged_release_are_planned_and_rolled
                       str(tmp_path / "evidence.key"), "-o", str(tmp_path / "run-42.json"))
     assert exported.code == 0, exported.err
     evidence = json.loads((tmp_path / "run-42.json").read_text())["evidence"]
-    assert evidence["rollbacks"] == obj["status"]["rollback"]
+    [request] = evidence["rollbacks"]  # every request (one here), the one run with its frozen plan
+    assert request["plan"] == obj["status"]["rollback"]
+    assert request["request"]["reason"] == "the agent misbehaved" and request["result"] == "RolledBack"
     assert {s["entry"]: s["outcome"] for s in evidence["steps"]} == dict.fromkeys(
         ("pay-1", "c-1", "i-1", "rel-1"), "undone")
     assert main(["ledger", "verify", str(tmp_path / "run-42.json"), "--trust", str(tmp_path / "evidence.pub")]) == 0
@@ -679,3 +681,47 @@ def test_a_rollback_of_one_entry_reads_partially_rolled_back_and_get_ledger_show
     assert "ledger/run-part: rolled back" in rest.out
     assert kubectl(control_plane.kubeconfig, "-n", namespace, "get", "ledger", "run-part",
                    "-o", "jsonpath={.status.live}") == "0"
+
+
+def test_a_step_that_can_never_succeed_is_settled_by_a_person_and_the_settle_is_in_the_evidence(
+        tools: dict[str, Any], upstream: Upstream, kubelet: Node, control_plane: ControlPlane,
+        k8s_api: client.ApiClient, namespace: str, tmp_path: Path) -> None:
+    run = Run(upstream, tools)
+    run.call("i-1", "test.issue_checked_wrongly", {"repo": "octo/hello", "title": "never completed"})
+    run.call("c-1", "github.create_comment", {"repo": "octo/hello", "issue": 7, "client_id": "c-s", "body": "hi"})
+    create_ledger(k8s_api, namespace, "run-settle", run.entries)
+    failed = plugin(control_plane.kubeconfig, namespace, "rollback", "ledger/run-settle", "--reason",
+                    "the agent went rogue", "--watch", "--timeout", "120s")
+    assert failed.code == 1, failed.out + failed.err
+    obj = ledger(k8s_api, namespace, "run-settle")
+    assert conditions(obj)["Degraded"]["status"] == "True" and obj["status"]["live"] == 1
+    assert entries(obj)["i-1"]["state"] == "undo_failed" and entries(obj)["c-1"]["state"] == "undone"
+
+    carol = control_plane.user_kubeconfig("carol")
+    settled = plugin(carol, namespace, "settle", "ledger/run-settle", "i-1", "--reason",
+                     "closed by hand in the tracker")
+    assert settled.code == 0, settled.out + settled.err
+    assert "carol" in settled.out, settled.out
+    obj = wait_for("the settle in the entry", lambda: (o := ledger(k8s_api, namespace, "run-settle"))
+                   and entries(o)["i-1"]["state"] == "settled" and o)
+    made = entries(obj)["i-1"]["settled"]
+    assert (made["by"], made["identities"], made["reason"], made["was"]) == (
+        "carol", "kubernetes", "closed by hand in the tracker", "undo_failed")
+    # the ledger agrees with the world: nothing of the run is live, no failure stands
+    obj = wait_for("LIVE 0 and not degraded", lambda: (o := ledger(k8s_api, namespace, "run-settle"))
+                   and o["status"].get("live") == 0 and conditions(o)["Degraded"]["status"] == "False" and o)
+    assert conditions(obj)["RolledBack"]["status"] == "True", conditions(obj)
+
+    assert main(["keygen", str(tmp_path / "evidence")]) == 0
+    exported = plugin(control_plane.kubeconfig, namespace, "ledger", "export", "run-settle", "--key",
+                      str(tmp_path / "evidence.key"), "-o", str(tmp_path / "run-settle.json"))
+    assert exported.code == 0, exported.err
+    evidence = json.loads((tmp_path / "run-settle.json").read_text())["evidence"]
+    [settle] = evidence["settles"]
+    assert (settle["entry"], settle["by"], settle["reason"]) == ("i-1", "carol", "closed by hand in the tracker")
+    # the request kept beside the settle; its step reads settled, as the ledger's conditions do
+    [request] = evidence["rollbacks"]
+    assert request["request"]["reason"] == "the agent went rogue" and request["result"] == "RolledBack"
+    assert {s["entry"]: s["state"] for s in request["steps"]} == {"c-1": "succeeded", "i-1": "settled"}
+    assert main(["ledger", "verify", str(tmp_path / "run-settle.json"), "--trust",
+                 str(tmp_path / "evidence.pub")]) == 0
