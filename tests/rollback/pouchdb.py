@@ -123,6 +123,15 @@ class PouchDB:
         assert status == 201, answer
         return str(answer["rev"])
 
+    def reset(self, titles: dict[str, str]) -> None:
+        """The store holding exactly ``titles`` (by id), as before a run."""
+        for doc_id in set(self.titles()) - set(titles):
+            status, now = self.request("GET", f"/{DB}/{doc_id}")
+            status, answer = self.request("DELETE", f"/{DB}/{doc_id}?rev={now['_rev']}")
+            assert status == 200, answer
+        for doc_id, title in titles.items():
+            self.put(doc_id, title)
+
     def titles(self) -> dict[str, str]:
         """Every live document's title, read from the store itself."""
         status, answer = self.request("GET", f"/{DB}/_all_docs?include_docs=true")
@@ -169,6 +178,7 @@ rev["b"] = call("docs.update", "update-b-1", id="b", title="final b", _rev=rev["
 rev["a"] = call("docs.update", "update-a-2", id="a", title="final final a", _rev=rev["a"])["rev"]
 print("DONE", flush=True)
 """
-# What the store holds after AGENT's run (before it: kept = "original" and other = "untouched").
+# What the store holds before AGENT's run, and after it.
+BEFORE = {"kept": "original", "other": "untouched"}
 AFTER_RUN = {"a": "final final a", "b": "final b", "c": "draft c", "kept": "changed twice",
              "other": "untouched"}

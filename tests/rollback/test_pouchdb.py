@@ -23,9 +23,7 @@ import pytest
 
 from gateway.conftest import ROOT, GatewayProc, env, free_port, start_gateway, stop
 
-from .pouchdb import AFTER_RUN, AGENT, PouchDB, manifests_for
-
-BEFORE = {"kept": "original", "other": "untouched"}
+from .pouchdb import AFTER_RUN, AGENT, BEFORE, PouchDB, manifests_for
 
 
 @dataclass
@@ -53,8 +51,7 @@ class Stack:
 def stack(tmp_path: Path) -> Iterator[Stack]:
     store = PouchDB("127.0.0.1", free_port(), tmp_path)
     try:
-        for doc_id, title in BEFORE.items():
-            store.put(doc_id, title)
+        store.reset(BEFORE)
         manifests = tmp_path / "manifests"
         manifests.mkdir()
         (manifests / "docs.yaml").write_text(manifests_for(store.url))

@@ -1,0 +1,180 @@
+"""Rollbacks on a real node against a store nobody here wrote (issue 27's and 30.1's "done
+when"): `unwind dev up` as in test_real_node.py, and pouchdb-server (npm; the CouchDB API,
+documents with revisions, tests/rollback/pouchdb.py) on the node's bridge address, where pods
+reach it. An agent pod with the injected gateway creates documents, edits them and edits one
+that existed before; `kubectl unwind rollback --watch` has the operator (the chart's
+Deployment, default parallelism) run the undos as Jobs in containers of the image. Every
+check reads the store itself, never through Unwind.
+
+- the run rolls back to exactly the store before it: the undos of one document ran one at a
+  time, newest first, each at the revision the one before it left (Jobs on one document never
+  overlap; Jobs on different documents did);
+- a document changed by hand after the run is not overwritten (its undo is refused as
+  diverged, the ledger Degraded); a person settles it with `kubectl unwind settle`, the rest
+  is rolled back, and the signed evidence holds both requests and the settles.
+
+One node per machine: run under the machine's lock (`flock /tmp/unwind-node.lock`); this
+module's cluster is stopped before another module starts one.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client
+from test_real_node import RESTRICTED, api, dev, finished, kc, plugin  # noqa: F401 (fixtures)
+
+from tests.rollback.pouchdb import AFTER_RUN, AGENT, BEFORE, PouchDB, manifests_for
+from unwind.cli.main import main
+from unwind.controlplane import kubenode
+from unwind.controlplane.dev import Started, kubectl
+
+NS = "records"
+AGENT_ACCOUNT = "records-agent"
+ENTRIES = ("create-a", "create-b", "create-c", "read-kept", "update-kept-1", "update-a-1", "update-kept-2",
+           "update-b-1", "update-a-2")  # AGENT's calls, by Idempotency-Key
+
+
+def free_port(host: str) -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def store(dev: Started, tmp_path_factory: pytest.TempPathFactory) -> Iterator[PouchDB]:  # noqa: F811
+    """pouchdb-server on the bridge's address (there once the node is up): pods reach it."""
+    host = kubenode.NODE_ADDRESS
+    pouch = PouchDB(host, free_port(host), tmp_path_factory.mktemp("pouchdb"))
+    try:
+        yield pouch
+    finally:
+        pouch.stop()
+
+
+@pytest.fixture(scope="module")
+def records(kc: Path, store: PouchDB) -> None:  # noqa: F811
+    """The namespace (Pod Security restricted), the agent's account and the store's tools,
+    applied by the dev cluster's admin (a trusted applier: published without an Approval)."""
+    tools = [{"apiVersion": "unwind.dev/v1alpha1", "kind": "ToolManifest",
+              "metadata": {"name": spec["tool"].replace("_", "-"), "namespace": NS}, "spec": spec}
+             for spec in yaml.safe_load(manifests_for(store.url))]
+    kubectl(kc, "apply", "-f", "-", input_text=yaml.safe_dump_all([
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS, "labels": {
+            "pod-security.kubernetes.io/enforce": "restricted", "pod-security.kubernetes.io/warn": "restricted"}}},
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {
+            "name": AGENT_ACCOUNT, "namespace": NS, "annotations": {"unwind.dev/scopes": "docs:read,docs:write"}}},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+         "metadata": {"name": "records-agent-gateway", "namespace": NS},
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "unwind-gateway"},
+         "subjects": [{"kind": "ServiceAccount", "name": AGENT_ACCOUNT, "namespace": NS}]},
+        *tools]))
+    kubectl(kc, "-n", NS, "wait", "--for=condition=Ready", "toolmanifests", "--all", "--timeout=120s")
+
+
+def run_agent(kc: Path, api: client.ApiClient, store: PouchDB) -> str:  # noqa: F811
+    """The store as before a run, then AGENT's run in a pod; the run's (the pod's) name."""
+    store.reset(BEFORE)
+    name = f"docs-{uuid.uuid4().hex[:6]}"
+    pod = {"apiVersion": "v1", "kind": "Pod",
+           "metadata": {"name": name, "namespace": NS, "labels": {"unwind.dev/inject": "true"}},
+           "spec": {"serviceAccountName": AGENT_ACCOUNT, "restartPolicy": "Never", "containers": [{
+               "name": "agent", "image": "unwind:dev", "command": ["python", "-c", AGENT],
+               "securityContext": dict(RESTRICTED)}]}}
+    kubectl(kc, "apply", "-f", "-", input_text=yaml.safe_dump(pod))
+    phase = finished(api, NS, name, timeout=180)
+    said = kubectl(kc, "-n", NS, "logs", name, "-c", "agent", check=False)
+    assert phase == "Succeeded" and "DONE" in said, said + kubectl(kc, "-n", NS, "describe", "pod", name)
+    assert store.titles() == AFTER_RUN
+    return name
+
+
+def ledger_of(kc: Path, name: str) -> dict[str, Any]:  # noqa: F811
+    return dict(json.loads(kubectl(kc, "-n", NS, "get", "ledger", name, "-o", "json")))
+
+
+def states(obj: dict[str, Any]) -> dict[str, str]:
+    return {e["id"]: e["state"] for e in obj["status"]["entries"]}
+
+
+def document(entry_id: str) -> str:
+    """The document an entry of AGENT's run touched: create-a, update-a-2 -> a."""
+    return entry_id.split("-")[1]
+
+
+def test_a_run_that_creates_and_edits_documents_is_rolled_back_by_jobs_to_the_store_before_it(
+        kc: Path, api: client.ApiClient, store: PouchDB, records: None) -> None:  # noqa: F811
+    name = run_agent(kc, api, store)
+    ran = plugin(kc, "rollback", f"ledger/{name}", "-n", NS, "--reason", "the agent misbehaved",
+                 "--watch", "--timeout", "300s")
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    assert f"ledger/{name}: rolled back: 8 steps ran" in ran.stdout, ran.stdout
+    assert store.titles() == BEFORE  # read from the store: the new ones gone, kept's title back
+    obj = ledger_of(kc, name)
+    assert states(obj) == {e: "succeeded" if e == "read-kept" else "undone" for e in ENTRIES}
+    assert obj["status"]["live"] == 0
+
+    jobs = client.BatchV1Api(api).list_namespaced_job(NS, label_selector=f"unwind.dev/ledger={name}").items
+    spans = {j.metadata.labels["unwind.dev/entry"]: (j.status.start_time, j.status.completion_time) for j in jobs}
+    assert len(spans) == 8 and all(start and end for start, end in spans.values()), spans
+    on_one = [(a, b) for a in spans for b in spans if a < b and document(a) == document(b)]
+    for a, b in on_one:  # one at a time on one document: one ended before the other started
+        (sa, ea), (sb, eb) = spans[a], spans[b]
+        assert eb <= sa or ea <= sb, (a, spans[a], b, spans[b])
+    overlapping = [(a, b) for a in spans for b in spans if a < b and document(a) != document(b)
+                   and spans[a][0] < spans[b][1] and spans[b][0] < spans[a][1]]
+    assert overlapping, spans  # and at once on different ones
+    names = {j.metadata.name for j in jobs}
+    pods = [p for p in client.CoreV1Api(api).list_namespaced_pod(NS, label_selector="job-name").items
+            if p.metadata.labels["job-name"] in names]
+    assert len(pods) >= 8 and all(p.status.container_statuses[0].container_id.startswith("containerd://")
+                                  for p in pods)  # each undo ran in a container of the image
+
+
+def test_a_document_changed_by_hand_is_kept_settled_by_a_person_and_the_settle_is_in_the_signed_evidence(
+        kc: Path, api: client.ApiClient, store: PouchDB, records: None, tmp_path: Path) -> None:  # noqa: F811
+    name = run_agent(kc, api, store)
+    store.put("b", "fixed by hand")  # someone edits b after the agent did
+    failed = plugin(kc, "rollback", f"ledger/{name}", "-n", NS, "--reason", "the agent misbehaved",
+                    "--watch", "--timeout", "300s")
+    assert failed.returncode == 1, failed.stdout + failed.stderr
+    assert f"ledger/{name}: not rolled back" in failed.stdout, failed.stdout
+    assert 'update-b-1 inverse docs.restore: failed: title is "fixed by hand", the call left "final b"' \
+        in failed.stdout, failed.stdout
+    assert store.titles()["b"] == "fixed by hand"  # not overwritten
+    obj = ledger_of(kc, name)
+    assert states(obj)["update-b-1"] == "undo_failed"
+    degraded = {c["type"]: c for c in obj["status"]["conditions"]}["Degraded"]
+    assert degraded["status"] == "True" and "update-b-1" in degraded["message"]
+
+    for entry in ("update-b-1", "create-b"):
+        settled = plugin(kc, "settle", f"ledger/{name}", entry, "-n", NS, "--reason", "b keeps the hand edit")
+        assert settled.returncode == 0, settled.stdout + settled.stderr
+    rest = plugin(kc, "rollback", f"ledger/{name}", "-n", NS, "--reason", "the rest, b settled",
+                  "--watch", "--timeout", "300s")
+    assert rest.returncode == 0, rest.stdout + rest.stderr
+    assert f"ledger/{name}: rolled back" in rest.stdout, rest.stdout
+    assert store.titles() == {**BEFORE, "b": "fixed by hand"}
+    obj = ledger_of(kc, name)
+    assert states(obj)["update-b-1"] == states(obj)["create-b"] == "settled"
+    assert obj["status"]["live"] == 0
+    by = {e["id"]: e["settled"] for e in obj["status"]["entries"] if e.get("settled")}
+    assert {e: (s["identities"], s["was"]) for e, s in by.items()} == {
+        "update-b-1": ("kubernetes", "undo_failed"), "create-b": ("kubernetes", "succeeded")}
+
+    assert main(["keygen", str(tmp_path / "evidence")]) == 0
+    exported = plugin(kc, "ledger", "export", name, "-n", NS, "--key", str(tmp_path / "evidence.key"),
+                      "-o", str(tmp_path / "evidence.json"))
+    assert exported.returncode == 0, exported.stdout + exported.stderr
+    evidence = json.loads((tmp_path / "evidence.json").read_text())["evidence"]
+    assert {s["entry"]: (s["by"], s["reason"]) for s in evidence["settles"]} == {
+        e: (by[e]["by"], "b keeps the hand edit") for e in ("update-b-1", "create-b")}
+    assert [r["request"]["reason"] for r in evidence["rollbacks"]] == ["the agent misbehaved", "the rest, b settled"]
+    assert main(["ledger", "verify", str(tmp_path / "evidence.json"), "--trust", str(tmp_path / "evidence.pub")]) == 0
