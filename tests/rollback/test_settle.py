@@ -89,3 +89,13 @@ def test_the_evidence_lists_every_settle_and_every_rollback_request_with_its_rea
     assert ev["rollbacks"][0]["reason"] == "the agent went rogue"
     assert ev["rollbacks_dropped"] == 2
     assert unwind("ledger", "verify", out, "--trust", tmp_path / "keys" / "ev.pub").code == 0
+
+
+def test_settle_says_what_it_recorded_as_yaml_or_json_documents(ledger: Path) -> None:
+    import yaml
+
+    ran = unwind("settle", "--ledger", ledger, "c-1", "--reason", "deleted by hand", "--by", "alice", "-o", "yaml")
+    assert ran.code == 0, ran.err
+    said = yaml.safe_load(ran.out)  # a YAML document, not a Python repr
+    assert said["entry"] == "c-1" and said["by"] == "alice (self-declared)"
+    assert said["settled"]["reason"] == "deleted by hand" and said["settled"]["was"] == "undo_failed"

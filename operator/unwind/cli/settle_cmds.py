@@ -32,6 +32,7 @@ from ..ledger.entry import Entry, Settlement, now, stamp
 from ..operator.identity import APPROVER
 from . import plugin_view as view
 from .kubectl import Kubectl, add_kube_flags
+from .output import emit
 from .plugin_cmds import Refusal, _approval_body, _create, _guarded, _read, _timeout
 from .plugin_view import UsageError
 
@@ -151,7 +152,7 @@ def _said(args: argparse.Namespace, entry: Entry | None, where: str, who: str,
         out = {"entry": args.entry or args.target, "ledger": where, "by": who,
                "approval": approval, "settled": entry.settled.model_dump(mode="json")
                if entry is not None and entry.settled else None, "live": live}
-        print(json.dumps(out, indent=1) if args.output == "json" else out)
+        emit(out, args.output)
         return 0
     via = f" (Approval {approval})" if approval else ""
     if not waited:
