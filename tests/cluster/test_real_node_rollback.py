@@ -157,6 +157,8 @@ def test_a_document_changed_by_hand_is_kept_settled_by_a_person_and_the_settle_i
     for entry in ("update-b-1", "create-b"):
         settled = plugin(kc, "settle", f"ledger/{name}", entry, "-n", NS, "--reason", "b keeps the hand edit")
         assert settled.returncode == 0, settled.stdout + settled.stderr
+        assert settled.stdout.startswith(f"settled entry {entry} (docs.") and \
+            f"of ledger/{name} as " in settled.stdout and ": b keeps the hand edit; LIVE " in settled.stdout
     rest = plugin(kc, "rollback", f"ledger/{name}", "-n", NS, "--reason", "the rest, b settled",
                   "--watch", "--timeout", "300s")
     assert rest.returncode == 0, rest.stdout + rest.stderr
@@ -168,10 +170,14 @@ def test_a_document_changed_by_hand_is_kept_settled_by_a_person_and_the_settle_i
     by = {e["id"]: e["settled"] for e in obj["status"]["entries"] if e.get("settled")}
     assert {e: (s["identities"], s["was"]) for e, s in by.items()} == {
         "update-b-1": ("kubernetes", "undo_failed"), "create-b": ("kubernetes", "succeeded")}
+    listed = kubectl(kc, "get", "ledger", name, "-n", NS, "-o", 'jsonpath={range .status.entries[?(@.state=="settled")]}'
+                     '{.id} {.settled.by} {.settled.reason}{"\\n"}{end}')  # the runbook's command
+    assert sorted(listed.splitlines()) == [f"create-b {by['create-b']['by']} b keeps the hand edit",
+                                           f"update-b-1 {by['update-b-1']['by']} b keeps the hand edit"]
 
     assert main(["keygen", str(tmp_path / "evidence")]) == 0
     exported = plugin(kc, "ledger", "export", name, "-n", NS, "--key", str(tmp_path / "evidence.key"),
-                      "-o", str(tmp_path / "evidence.json"))
+                      "--file", str(tmp_path / "evidence.json"))
     assert exported.returncode == 0, exported.stdout + exported.stderr
     evidence = json.loads((tmp_path / "evidence.json").read_text())["evidence"]
     assert {s["entry"]: (s["by"], s["reason"]) for s in evidence["settles"]} == {

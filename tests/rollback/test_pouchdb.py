@@ -108,6 +108,8 @@ def test_a_document_changed_by_hand_after_the_run_is_not_overwritten_and_is_sett
         settled = stack.unwind("settle", "--ledger", ledger, entry, "--by", "olga",
                                "--reason", "b keeps the hand edit")
         assert settled.returncode == 0, settled.stdout + settled.stderr
+        assert settled.stdout.startswith(f"settled entry {entry} (docs.") and \
+            "of run run-1 as olga (self-declared): b keeps the hand edit" in settled.stdout
     rest = stack.rollback()  # the failed step no longer stops the rest
     assert rest.returncode == 0, rest.stdout + rest.stderr
     assert stack.store.titles() == {**BEFORE, "b": "fixed by hand"}
@@ -115,7 +117,7 @@ def test_a_document_changed_by_hand_after_the_run_is_not_overwritten_and_is_sett
     assert states["update-b-1"] == states["create-b"] == "settled"
     assert stack.unwind("keygen", str(tmp_path / "evidence")).returncode == 0
     exported = stack.unwind("ledger", "export", ledger, "--key", str(tmp_path / "evidence.key"),
-                            "-o", str(tmp_path / "run-1.evidence.json"))
+                            "--file", str(tmp_path / "run-1.evidence.json"))
     assert exported.returncode == 0, exported.stdout + exported.stderr
     evidence = json.loads((tmp_path / "run-1.evidence.json").read_text())["evidence"]
     assert {s["entry"]: (s["by"], s["reason"]) for s in evidence["settles"]} == {
