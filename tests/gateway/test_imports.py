@@ -74,3 +74,18 @@ def test_the_mcp_sdk_is_loaded_on_the_first_mcp_request_not_before(tmp_path: Pat
     rest, mcp = json.loads(out.stdout.strip().splitlines()[-1])
     assert rest == [200, "upstream_error", False]  # the call ran (nothing listens on :9)
     assert mcp == [200, True, ["demo__read"]]
+
+
+LAZY_EXTRAS = """
+import sys
+import unwind.gateway.app, unwind.cli.gateway_cmds, unwind.gateway.auth.doors
+import unwind.gateway.ratelimit, unwind.gateway.mcp_guard
+print(sorted({m.split(".")[0] for m in sys.modules if m.split(".")[0] in ("jwt", "redis")}
+             | {m for m in sys.modules if m.startswith("opentelemetry.sdk")}))
+"""
+
+
+def test_jose_redis_and_the_opentelemetry_sdk_are_imported_only_when_configured() -> None:
+    out = subprocess.run([sys.executable, "-c", LAZY_EXTRAS], cwd=ROOT, env=env(),
+                         capture_output=True, text=True, check=True, timeout=60)
+    assert out.stdout.strip() == "[]"

@@ -70,7 +70,7 @@ def cmd_gateway(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     logging.getLogger("httpx2").setLevel(logging.WARNING)  # one line per upstream call is ours
-    if not scopes:
+    if not scopes and not _auth_modes(args):
         logging.getLogger("unwind.gateway").warning(
             "no --scopes: every call is refused (permission_denied); give e.g. --scopes "
             "payments:write,repo:write (or '*' for all)")
@@ -84,6 +84,12 @@ def cmd_gateway(args: argparse.Namespace) -> int:
     local = not (args.cluster or not args.manifests)  # only local mode starts stdio MCP servers
     gateway = Gateway(parts.catalogue, parts.store, parts.locks, Upstream(commands=local),
                       LocalSecrets(secrets_dir), settings, metrics)
+    try:
+        doors = _doors(args, host, parts, gateway)
+        limiter = _limiter(args, parts, metrics)
+    except _SetupError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     servers: list[uvicorn.Server] = []
 
     def exit_server() -> None:  # POST /quitquitquit drained the calls: exit 0
@@ -94,7 +100,8 @@ def cmd_gateway(args: argparse.Namespace) -> int:
         logging.getLogger("unwind.gateway").warning(
             "%s is ignored in local mode: only a gateway in a pod has POST /quitquitquit", QUIT_ENV)
     app = build_app(gateway, default_run=run, host=host, closers=parts.closers, stop=stop,
-                    report_in_content=True if args.report_in_content else None)
+                    report_in_content=True if args.report_in_content else None, doors=doors,
+                    limiter=limiter)
     config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,
                             lifespan="on", timeout_graceful_shutdown=5)
     servers.append(uvicorn.Server(config))
@@ -165,6 +172,77 @@ class _Parts:
     actor: str
     identities: Literal["kubernetes", "self-declared"]
     closers: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
+    kube: Any = None  # in a pod: the API client (TokenReviews go through it)
+    namespace: str = "local"
+
+
+def _auth_modes(args: argparse.Namespace) -> set[str]:
+    text = args.auth if args.auth is not None else os.environ.get("UNWIND_AUTH", "")
+    return {m.strip() for m in text.split(",") if m.strip()}
+
+
+def _doors(args: argparse.Namespace, host: str, parts: _Parts, gateway: Any) -> Any:
+    """--auth kubernetes,oauth: who may call a door that is not loopback-only (gateway/auth).
+    A gateway listening beyond loopback needs one, or --auth none said out loud."""
+    from ..gateway.trust import LOOPBACK, host_name
+
+    modes = _auth_modes(args)
+    unknown = modes - {"kubernetes", "oauth", "none"}
+    if unknown or ("none" in modes and len(modes) > 1):
+        raise _SetupError(f"--auth {','.join(sorted(modes))}: give kubernetes, oauth, both "
+                          "(kubernetes,oauth), or none")
+    loopback = host_name(host) in LOOPBACK
+    if not modes:
+        if loopback:
+            return None
+        raise _SetupError(f"--listen {host}: a door beyond loopback must authenticate its "
+                          "callers: give --auth kubernetes (ServiceAccount tokens) and/or "
+                          "--auth oauth with --oauth-config (or --auth none to let anyone who "
+                          "reaches it act as --actor)")
+    if modes == {"none"}:
+        if not loopback:
+            logging.getLogger("unwind.gateway").warning(
+                "--auth none on %s: anyone who reaches this port calls as %s", host,
+                gateway.settings.actor)
+        return None
+    from ..gateway.auth.doors import Doors
+
+    serviceaccounts = oauth = None
+    if "kubernetes" in modes:
+        if parts.kube is None:
+            raise _SetupError("--auth kubernetes checks ServiceAccount tokens with the API "
+                              "server: it needs --cluster")
+        from ..gateway.auth.tokenreview import DEFAULT_AUDIENCE, ServiceAccountTokens
+
+        audience = args.audience or os.environ.get("UNWIND_AUTH_AUDIENCE") or DEFAULT_AUDIENCE
+        serviceaccounts = ServiceAccountTokens(parts.kube, parts.namespace, audience,
+                                               ttl=args.token_review_ttl)
+    if "oauth" in modes:
+        from ..gateway.auth.oauth import OAuthConfig, OAuthConfigError, OAuthTokens
+
+        given = args.oauth_config or os.environ.get("UNWIND_OAUTH")
+        if not given:
+            raise _SetupError("--auth oauth needs --oauth-config FILE (or UNWIND_OAUTH): the "
+                              "issuer and the map from token scopes to Unwind permissions")
+        try:
+            oauth = OAuthTokens(OAuthConfig.load(given))
+        except OAuthConfigError as exc:
+            raise _SetupError(str(exc)) from None
+    return Doors(gateway, serviceaccounts=serviceaccounts, oauth=oauth)
+
+
+def _limiter(args: argparse.Namespace, parts: _Parts, metrics: Any) -> Any:
+    """--rate-limits FILE (or UNWIND_RATE_LIMITS): the limits per actor and per tool."""
+    given = args.rate_limits or os.environ.get("UNWIND_RATE_LIMITS")
+    if not given:
+        return None
+    from ..gateway.ratelimit import Limiter, LimitsConfig, LimitsConfigError
+
+    try:
+        config = LimitsConfig.load(given)
+    except LimitsConfigError as exc:
+        raise _SetupError(str(exc)) from None
+    return Limiter(config, parts.namespace, registry=metrics.registry)
 
 
 def _local_parts(args: argparse.Namespace, metrics: Any) -> _Parts:
@@ -257,7 +335,7 @@ def _cluster_parts(args: argparse.Namespace, metrics: Any) -> _Parts:
         "cluster mode: namespace %s, API server %s, trust from %s/unwind-trust, actor %s",
         namespace, config.server, operator_ns, actor)
     return _Parts(catalogue, store, LeaseLocks(kube, namespace), actor, "kubernetes",
-                  [store.aclose, kube.aclose])
+                  [store.aclose, kube.aclose], kube, namespace)
 
 
 def cmd_local_decide(args: argparse.Namespace) -> int:
@@ -364,6 +442,19 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--max-entries-per-run", metavar="N", help="the most entries one run's "
                    "ledger takes; past it a call gets 429 rate_limited (default "
                    "UNWIND_MAX_ENTRIES_PER_RUN, else 10000; 0: no limit)")
+    p.add_argument("--auth", metavar="MODES", help="who may call: kubernetes (ServiceAccount "
+                   "tokens, by TokenReview; in a pod), oauth (JWT access tokens of --oauth-config's "
+                   "issuer), both (kubernetes,oauth), or none; required when --listen is not "
+                   "loopback (default UNWIND_AUTH, else none on loopback)")
+    p.add_argument("--audience", metavar="AUD", help="the audience a ServiceAccount token must "
+                   "name (default UNWIND_AUTH_AUDIENCE, else unwind-gateway)")
+    p.add_argument("--token-review-ttl", type=float, default=10.0, metavar="S",
+                   help="how long one TokenReview answer is kept per token (default 10)")
+    p.add_argument("--oauth-config", metavar="FILE", help="the OAuth issuer and the map from "
+                   "token scopes to Unwind permissions, JSON or YAML (default UNWIND_OAUTH, a "
+                   "file name or the JSON itself); see docs/gateway.md")
+    p.add_argument("--rate-limits", metavar="FILE", help="rate limits per actor and per tool, "
+                   "JSON or YAML (default UNWIND_RATE_LIMITS); see docs/gateway.md")
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     p.add_argument("--benchmark-memory-store", action="store_true", help=argparse.SUPPRESS)
     p.set_defaults(func=cmd_gateway)

@@ -9,7 +9,7 @@ import contextlib
 import gc
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
@@ -18,8 +18,13 @@ from starlette.routing import Route
 from ..upstream.limits import MAX_BODY
 from . import rest
 from .enforce import Gateway
+from .mcp_guard import McpGuard
 from .quit import Quit
 from .trust import Policy, Trust
+
+if TYPE_CHECKING:
+    from .auth.doors import Doors
+    from .ratelimit import Limiter
 
 log = logging.getLogger("unwind.gateway")
 
@@ -27,13 +32,16 @@ log = logging.getLogger("unwind.gateway")
 def build_app(gateway: Gateway, *, default_run: str | None = None, host: str = "127.0.0.1",
               closers: Sequence[Callable[[], Awaitable[None]]] = (),
               stop: Callable[[], None] | None = None, policy: Policy | None = None,
-              report_in_content: bool | None = None) -> Starlette:
+              report_in_content: bool | None = None, doors: Doors | None = None,
+              limiter: Limiter | None = None) -> Starlette:
     """The gateway's app; ``stop`` (the server's exit) adds ``POST /quitquitquit``.
     ``report_in_content`` (default ``UNWIND_REPORT_IN_CONTENT``): MCP answers carry the
     effect report as a last text block too. ``policy``
     (default: loopback, ``host`` and ``UNWIND_ALLOWED_HOSTS``) decides which Host and Origin
-    every route answers."""
+    every route answers. ``doors`` (gateway/auth): every route but the probes needs an
+    authenticated caller; ``limiter`` (ratelimit.py): calls are rate limited."""
     door = McpDoor(gateway, default_run, report_in_content)
+    guarded = McpGuard(door, gateway, default_run, limiter)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: Any) -> AsyncIterator[None]:
@@ -53,16 +61,21 @@ def build_app(gateway: Gateway, *, default_run: str | None = None, host: str = "
                 gc.unfreeze()
                 await c.aclose()
                 await gateway.upstream.aclose()
+                if limiter is not None:
+                    await limiter.aclose()
                 for close in closers:
                     await close()
 
     middleware = [Middleware(Trust, policy=policy or Policy.from_environ(host))]
     if stop is not None:
         middleware.append(Middleware(Quit, stop=stop))
+    if doors is not None:
+        from .auth.doors import Authenticate
+        middleware.append(Middleware(Authenticate, doors=doors))
     # A Route, not a Mount: /mcp itself answers (a Mount answers only under /mcp/, and the
     # 307 from /mcp to /mcp/ is more than one client SDK follows); /mcp/ answers too.
-    return Starlette(routes=[*rest.routes(gateway, default_run),
-                             Route("/mcp", door), Route("/mcp/", door)],
+    return Starlette(routes=[*rest.routes(gateway, default_run, limiter),
+                             Route("/mcp", guarded), Route("/mcp/", guarded)],
                      lifespan=lifespan, middleware=middleware)
 
 

@@ -20,10 +20,12 @@ is free again; a call whose outcome is unknown keeps it (the safe side).
 
 from __future__ import annotations
 
+import copy
 import difflib
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from datetime import datetime
 from typing import Any, TypeVar
 
@@ -95,6 +97,15 @@ class Gateway(KeyHolding):
         self.clock = clock
         self._own_runs: set[str] = set()  # runs whose ledger records this actor as owner
         self.runs = RunLimit(settings.max_runs, settings.runs_window, clock)
+
+    def acting_as(self, actor: str, scopes: frozenset[str]) -> Gateway:
+        """This gateway for one authenticated caller (gateway/auth): everything shared but
+        the actor, its scopes, and what the gateway remembers per actor."""
+        view = copy.copy(self)
+        view.settings = replace(self.settings, actor=actor, scopes=scopes)
+        view._own_runs = set()
+        view.runs = RunLimit(self.settings.max_runs, self.settings.runs_window, self.clock)
+        return view
 
     # ---- the entry point ----
 

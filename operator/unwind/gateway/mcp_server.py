@@ -232,6 +232,8 @@ def build_server(gateway: Gateway, default_run: str | None,
     async def call_tool(ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
         request = getattr(ctx, "request", None)
         headers = getattr(request, "headers", None) or {}
+        scope = getattr(request, "scope", None) or {}
+        gw = scope.get("unwind.gateway") or gateway  # the authenticated caller's (gateway/auth)
         report = wants_report_in_content(headers, in_content)
         try:
             run = choose_run(headers.get("x-unwind-run"), default_run)
@@ -255,11 +257,11 @@ def build_server(gateway: Gateway, default_run: str | None,
         except OverLimit as refusal:  # refused at the door: nothing of it reaches the ledger
             return refusal_result(refusal, report_in_content=report)
         except Refusal as refusal:
-            return tool_result(await gateway.reject(req, refusal), report_in_content=report)
+            return tool_result(await gw.reject(req, refusal), report_in_content=report)
         req = CallRequest(tool=tool, arguments=dict(arguments), run=run,
                           entry_id=key or req.entry_id, stage=stage, dry_run=dry_run)
         # In a task of its own, relaying progress (mcp_stream.py): recorded whatever the client does
-        return tool_result(await inflight.run(ctx, run, gateway.call(req)),
-                           report_in_content=report, output_schema=output_schema(m, gateway))
+        return tool_result(await inflight.run(ctx, run, gw.call(req)),
+                           report_in_content=report, output_schema=output_schema(m, gw))
 
     return Server("unwind-gateway", on_list_tools=list_tools, on_call_tool=call_tool)

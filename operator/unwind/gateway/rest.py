@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.requests import Request
@@ -20,10 +20,15 @@ from starlette.routing import Route
 
 from ..ledger.store import ENTRY_ID_PATTERN, run_problem
 from ..ledger.ulid import new_ulid
+from ..manifest.model import Effect
 from ..upstream.errors import Refusal
 from ..upstream.limits import MAX_BODY, OverLimit, check_arguments, too_deep
 from .enforce import CallRequest, CallResult, Gateway
+from .metrics import UNKNOWN_TOOL
 from .schemas import BadArguments, check_call_arguments
+
+if TYPE_CHECKING:
+    from .ratelimit import Decision, Limiter
 
 log = logging.getLogger("unwind.gateway")
 REPORT_HEADER = "X-Unwind-Effect"
@@ -109,13 +114,65 @@ async def read_limited(request: Request, limit: int = MAX_BODY) -> bytes | None:
     return b"".join(chunks)
 
 
-def routes(gateway: Gateway, default_run: str | None) -> list[Route]:
+def acting(request: Request, gateway: Gateway) -> Gateway:
+    """The gateway acting as the request's authenticated caller (gateway/auth), else the
+    gateway itself (a loopback-only door: its --actor and --scopes)."""
+    view = request.scope.get("unwind.gateway")
+    return view if view is not None else gateway
+
+
+def routes(gateway: Gateway, default_run: str | None, limiter: Limiter | None = None
+           ) -> list[Route]:
     async def call(request: Request) -> Response:
+        gw = acting(request, gateway)
+        decision = await _limit(request, gw) if limiter is not None else None
+        if decision is not None and decision.refusal is not None:
+            result = await _limited(request, gw, decision.refusal)
+        else:
+            result = await _call(request, gw)
+        response = _answer(request, result)
+        for name, value in decision.headers() if decision is not None else ():
+            response.headers[name] = value
+        return response
+
+    async def _limit(request: Request, gw: Gateway) -> Decision | None:
+        assert limiter is not None
+        served = gateway.catalogue.get(request.path_params["tool"])
+        read_only = served is not None and served.manifest.effect == Effect.read_only
+        return await limiter.check(gw.settings.actor, served.manifest.tool if served else
+                                   UNKNOWN_TOOL, read_only=read_only)
+
+    async def _limited(request: Request, gw: Gateway, refusal: Refusal) -> CallResult:
+        """A call over its limit: recorded as refused (when it names a run), never run."""
+        try:
+            run = choose_run(request.headers.get("x-unwind-run"), default_run)
+        except Refusal as bad:
+            return CallResult(bad.status, bad.envelope())
+        given = request.headers.get("idempotency-key")
+        entry_id = given if given is not None and ENTRY_ID_PATTERN.fullmatch(given) else new_ulid()
+        req = CallRequest(tool=request.path_params["tool"], arguments={}, run=run,
+                          entry_id=entry_id)
+        return await gw.reject(req, refusal)
+
+    def _answer(request: Request, result: CallResult) -> Response:
+        doors = request.scope.get("unwind.doors")
+        if doors is not None and result.status == 403 and isinstance(result.body, dict) \
+                and result.body.get("error", {}).get("code") == "permission_denied":
+            served = gateway.catalogue.get(request.path_params["tool"])
+            challenge = doors.insufficient_scope(request.scope, served.manifest.permission) \
+                if served is not None else None
+            if challenge:
+                response = respond(result)
+                response.headers["WWW-Authenticate"] = challenge
+                return response
+        return respond(result)
+
+    async def _call(request: Request, gateway: Gateway) -> CallResult:
         tool = request.path_params["tool"]
         try:
             run = choose_run(request.headers.get("x-unwind-run"), default_run)
         except Refusal as refusal:
-            return error_response(refusal)
+            return CallResult(refusal.status, refusal.envelope())
         given = request.headers.get("idempotency-key")
         entry_id = given if given is not None and ENTRY_ID_PATTERN.fullmatch(given) else new_ulid()
         try:
@@ -134,18 +191,18 @@ def routes(gateway: Gateway, default_run: str | None) -> list[Route]:
             log.info("call run=%s entry=%s tool=%s status=%d outcome=%s fields=%s (not "
                      "recorded)", run, entry_id, tool[:128], refusal.status, refusal.code,
                      refusal.where)
-            return error_response(refusal)
+            return CallResult(refusal.status, refusal.envelope())
         except OverLimit as refusal:  # refused at the door: nothing of it reaches the ledger
             log.info("call run=%s entry=%s tool=%s status=%d outcome=%s message=%r (not "
                      "recorded)", run, entry_id, tool[:128], refusal.status, refusal.code,
                      refusal.message)
-            return error_response(refusal)
+            return CallResult(refusal.status, refusal.envelope())
         except Refusal as refusal:
             req = CallRequest(tool=tool, arguments={}, run=run, entry_id=entry_id)
-            return respond(await gateway.reject(req, refusal))
+            return await gateway.reject(req, refusal)
         req = CallRequest(tool=tool, arguments=arguments, run=run, entry_id=entry_id,
                           stage=stage, dry_run=dry_run)
-        return respond(await gateway.call(req))
+        return await gateway.call(req)
 
     async def get_entry(request: Request) -> Response:
         run, entry_id = request.path_params["run"], request.path_params["entry"]
@@ -153,7 +210,7 @@ def routes(gateway: Gateway, default_run: str | None) -> list[Route]:
         if problem:
             return error_response(Refusal("validation_error", problem))
         try:
-            entry = await gateway.read_entry(run, entry_id)  # only this actor's runs
+            entry = await acting(request, gateway).read_entry(run, entry_id)  # this actor's
         except Refusal as refusal:
             return error_response(refusal)
         if entry is None:

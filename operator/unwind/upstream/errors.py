@@ -25,6 +25,8 @@ STATUS = {
     "rate_limited": 429,
     "upstream_error": 502,
     "ledger_unavailable": 503,
+    "auth_unavailable": 503,
+    "limiter_unavailable": 503,
     "upstream_timeout": 504,
 }
 
