@@ -54,7 +54,8 @@ RECIPE = "go-build-1: CGO_ENABLED=0 -trimpath -ldflags=-s -w, version stamps"
 TOOL_PACKAGES = {**NODE_PACKAGES,  # the node: container runtime and pod network
                  "buildah": "buildah", "debootstrap": "debootstrap",  # building the images
                  "skopeo": "skopeo",  # exporting them as docker-archives (image.py)
-                 "promtool": "prometheus"}  # checking charts/unwind/files/unwind-alerts.yaml
+                 "promtool": "prometheus",  # checking charts/unwind/files/unwind-alerts.yaml
+                 "redis-server": "redis-server"}  # the gateway's shared rate limits (tests)
 FILE_PACKAGES = NODE_PACKAGE_FILES
 # What the machine must bring: checked (go_version), never installed (Debian 12's Go is 1.19).
 MACHINE_TOOLS = ("go",)

@@ -68,7 +68,16 @@ class McpGuard:
 
     async def _check(self, scope: Scope, m: ToolManifest
                      ) -> tuple[Refusal, int, list[tuple[bytes, bytes]]] | None:
+        """The rate limits first, as at REST (a call counts whether it then runs or is
+        refused), then an OAuth caller's scope."""
         gw: Gateway = scope.get(GATEWAY) or self.gateway
+        if self.limiter is not None:
+            decision = await self.limiter.check(gw.settings.actor, m.tool,
+                                                read_only=m.effect == Effect.read_only)
+            if decision is not None and decision.refusal is not None:
+                code = RATE_LIMITED if decision.refusal.code == "rate_limited" else UNAVAILABLE
+                return (decision.refusal, code,
+                        [(k.encode(), v.encode()) for k, v in decision.headers()])
         doors = scope.get(DOORS)
         scopes = gw.settings.scopes
         if doors is not None and not self.gateway.catalogue.observe \
@@ -78,14 +87,7 @@ class McpGuard:
                 return (Refusal("permission_denied", f"{m.tool} needs permission "
                                 f"{m.permission}, which this token's scopes do not grant"),
                         FORBIDDEN, [(b"www-authenticate", challenge.encode("latin-1", "replace"))])
-        if self.limiter is None:
-            return None
-        decision = await self.limiter.check(gw.settings.actor, m.tool,
-                                            read_only=m.effect == Effect.read_only)
-        if decision is None or decision.refusal is None:
-            return None
-        code = RATE_LIMITED if decision.refusal.code == "rate_limited" else UNAVAILABLE
-        return decision.refusal, code, [(k.encode(), v.encode()) for k, v in decision.headers()]
+        return None
 
     async def _record(self, scope: Scope, m: ToolManifest, refusal: Refusal) -> None:
         headers = {k.decode("latin-1").lower(): v.decode("latin-1")
