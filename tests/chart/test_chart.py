@@ -170,6 +170,8 @@ def test_the_chart_renders_every_object_with_default_values(chart: Any) -> None:
             "ClusterRole",
             "ClusterRole",
             "ClusterRole",
+            "ClusterRole",
+            "ClusterRole",
             "ClusterRoleBinding",
             "Deployment",
             "MutatingWebhookConfiguration",
@@ -473,7 +475,8 @@ def test_people_view_and_edit_through_the_builtin_roles_but_approving_is_granted
                   for name, r in roles.items()}
     assert aggregates == {"unwind-operator": set(), "unwind-view": {"view", "edit", "admin"},
                           "unwind-edit": {"edit", "admin"}, "unwind-approver": set(),
-                          "unwind-gateway": set()}
+                          "unwind-gateway": set(), "unwind-gateway-tokenreview": set(),
+                          "unwind-gateway-callers": set()}
     approver = rules_table(roles["unwind-approver"])
     assert approver[("unwind.dev", "approvals")] == {"create", "get", "list", "watch"}
     edit = rules_table(roles["unwind-edit"])
@@ -491,6 +494,15 @@ def test_the_gateway_role_grants_exactly_what_the_sidecar_uses(chart: Any) -> No
     role = gateway_role(render(chart))
     assert rules_table(role) == EXPECTED_GATEWAY_RULES
     assert not [k for k in role["metadata"]["labels"] if "aggregate-to" in k]  # bound on purpose
+
+
+def test_a_gateway_that_authenticates_callers_may_review_tokens_and_read_serviceaccounts_only(
+        chart: Any) -> None:
+    objects = render(chart)
+    assert rules_table(named(objects, "ClusterRole", "unwind-gateway-tokenreview")) == {
+        ("authentication.k8s.io", "tokenreviews"): {"create"}}
+    assert rules_table(named(objects, "ClusterRole", "unwind-gateway-callers")) == {
+        ("", "serviceaccounts"): {"get"}}
 
 
 def test_the_gateway_writes_ledgers_only_through_the_status_and_never_deletes_them(chart: Any) -> None:
