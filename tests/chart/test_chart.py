@@ -500,7 +500,8 @@ def test_a_gateway_that_authenticates_callers_may_review_tokens_and_read_service
         chart: Any) -> None:
     objects = render(chart)
     assert rules_table(named(objects, "ClusterRole", "unwind-gateway-tokenreview")) == {
-        ("authentication.k8s.io", "tokenreviews"): {"create"}}
+        ("authentication.k8s.io", "tokenreviews"): {"create"},
+        ("authorization.k8s.io", "subjectaccessreviews"): {"create"}}
     assert rules_table(named(objects, "ClusterRole", "unwind-gateway-callers")) == {
         ("", "serviceaccounts"): {"get"}}
 

@@ -29,7 +29,7 @@ from gateway_fixtures import (
 )
 from kubernetes import client
 
-from gateway.conftest import UpstreamProc, running_upstream, stop
+from gateway.conftest import UpstreamProc, free_port, running_upstream, stop
 from gateway.test_rest import COMMENT
 from unwind.controlplane import ControlPlane
 from unwind.controlplane.cluster import pki_files
@@ -76,9 +76,12 @@ def agent_ns(operator: OperatorProcess, k8s_api: client.ApiClient, control_plane
 def gateway(agent_ns: str, control_plane: ControlPlane, k8s_api: client.ApiClient,
             tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterGateway]:
     token = service_account_token(k8s_api, agent_ns, IDENTITY)
+    metrics = free_port()
     gw = start_cluster_gateway(control_plane, k8s_api, agent_ns, token,
                                tmp_path_factory.mktemp("gateway"), "--auth", "kubernetes",
-                               "--token-review-ttl", "3", scopes="")
+                               "--token-review-ttl", "3", "--metrics-listen",
+                               f"0.0.0.0:{metrics}", scopes="")
+    gw.extra["metrics"] = f"http://127.0.0.1:{metrics}/metrics"
     try:
         yield gw
     finally:
@@ -178,3 +181,31 @@ def test_a_call_without_a_token_is_401_and_the_probes_answer(gateway: ClusterGat
                     timeout=10)
     assert r.status_code == 401 and r.headers["WWW-Authenticate"].startswith("Bearer realm=")
     assert httpx2.get(f"{gateway.url}/readyz", timeout=10).status_code == 200
+
+
+def test_the_metrics_port_serves_only_scrapers_the_api_server_lets_get_metrics(
+        gateway: ClusterGateway, agent_ns: str, k8s_api: client.ApiClient) -> None:
+    url = gateway.extra["metrics"]
+    assert httpx2.get(url, timeout=10).status_code == 401
+    agent = bound_token(k8s_api, agent_ns, None, audience=None)
+    assert httpx2.get(url, headers={"Authorization": f"Bearer {agent}"},
+                      timeout=10).status_code == 403
+    rbac = client.RbacAuthorizationV1Api(k8s_api)
+    core = client.CoreV1Api(k8s_api)
+    core.create_namespaced_service_account(agent_ns, {"metadata": {"name": "scraper"}})
+    name = f"metrics-reader-{agent_ns}"
+    rbac.create_cluster_role({"metadata": {"name": name}, "rules": [
+        {"nonResourceURLs": ["/metrics"], "verbs": ["get"]}]})
+    rbac.create_cluster_role_binding({"metadata": {"name": name}, "roleRef": {
+        "apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
+        "subjects": [{"kind": "ServiceAccount", "name": "scraper", "namespace": agent_ns}]})
+    try:
+        scraper = str(core.create_namespaced_service_account_token(
+            "scraper", agent_ns, {"spec": {"expirationSeconds": 600}}).status.token)
+        r = wait_for("the scraper admitted", lambda: (lambda r: r if r.status_code == 200
+                     else None)(httpx2.get(url, headers={"Authorization": f"Bearer {scraper}"},
+                                           timeout=10)), timeout=20)
+        assert "unwind_gateway_calls_total" in r.text
+    finally:
+        rbac.delete_cluster_role_binding(name)
+        rbac.delete_cluster_role(name)

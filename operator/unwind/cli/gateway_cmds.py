@@ -84,9 +84,15 @@ def cmd_gateway(args: argparse.Namespace) -> int:
     local = not (args.cluster or not args.manifests)  # only local mode starts stdio MCP servers
     gateway = Gateway(parts.catalogue, parts.store, parts.locks, Upstream(commands=local),
                       LocalSecrets(secrets_dir), settings, metrics)
+    from ..gateway import tracing
+    flush = tracing.configure()  # OTLP export when the OTEL_* variables ask for it
+    if flush is not None:
+        tracing.instrument(gateway)
+        parts.closers.append(flush)
     try:
         doors = _doors(args, host, parts, gateway)
         limiter = _limiter(args, parts, metrics)
+        services = _metrics_door(args, parts, metrics)
     except _SetupError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
@@ -101,7 +107,7 @@ def cmd_gateway(args: argparse.Namespace) -> int:
             "%s is ignored in local mode: only a gateway in a pod has POST /quitquitquit", QUIT_ENV)
     app = build_app(gateway, default_run=run, host=host, closers=parts.closers, stop=stop,
                     report_in_content=True if args.report_in_content else None, doors=doors,
-                    limiter=limiter)
+                    limiter=limiter, services=services)
     config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,
                             lifespan="on", timeout_graceful_shutdown=5)
     servers.append(uvicorn.Server(config))
@@ -229,6 +235,27 @@ def _doors(args: argparse.Namespace, host: str, parts: _Parts, gateway: Any) -> 
         except OAuthConfigError as exc:
             raise _SetupError(str(exc)) from None
     return Doors(gateway, serviceaccounts=serviceaccounts, oauth=oauth)
+
+
+def _metrics_door(args: argparse.Namespace, parts: _Parts, metrics: Any) -> list[Any]:
+    """--metrics-listen HOST:PORT: /metrics on a port of its own; beyond loopback its
+    scrapers are authenticated by the API server (gateway/metrics_door.py)."""
+    given = args.metrics_listen or os.environ.get("UNWIND_METRICS_LISTEN")
+    if not given:
+        return []
+    from ..gateway.metrics_door import MetricsDoor, Scrapers
+    from ..gateway.trust import LOOPBACK, host_name
+
+    try:
+        host, port = _listen(given)
+    except ValueError as exc:
+        raise _SetupError(str(exc).replace("--listen", "--metrics-listen")) from None
+    if host_name(host) in LOOPBACK:
+        return [MetricsDoor(metrics.registry, host, port, None)]
+    if parts.kube is None:
+        raise _SetupError(f"--metrics-listen {given}: metrics beyond loopback are served only "
+                          "in a pod, where the API server authenticates the scrapers")
+    return [MetricsDoor(metrics.registry, host, port, Scrapers(parts.kube))]
 
 
 def _limiter(args: argparse.Namespace, parts: _Parts, metrics: Any) -> Any:
@@ -453,6 +480,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--oauth-config", metavar="FILE", help="the OAuth issuer and the map from "
                    "token scopes to Unwind permissions, JSON or YAML (default UNWIND_OAUTH, a "
                    "file name or the JSON itself); see docs/gateway.md")
+    p.add_argument("--metrics-listen", metavar="HOST:PORT", help="also serve /metrics on this "
+                   "port; beyond loopback, for scrapers whose token the API server accepts and "
+                   "who may get /metrics (default UNWIND_METRICS_LISTEN; none)")
     p.add_argument("--rate-limits", metavar="FILE", help="rate limits per actor and per tool, "
                    "JSON or YAML (default UNWIND_RATE_LIMITS); see docs/gateway.md")
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))

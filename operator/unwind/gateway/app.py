@@ -33,13 +33,14 @@ def build_app(gateway: Gateway, *, default_run: str | None = None, host: str = "
               closers: Sequence[Callable[[], Awaitable[None]]] = (),
               stop: Callable[[], None] | None = None, policy: Policy | None = None,
               report_in_content: bool | None = None, doors: Doors | None = None,
-              limiter: Limiter | None = None) -> Starlette:
+              limiter: Limiter | None = None, services: Sequence[Any] = ()) -> Starlette:
     """The gateway's app; ``stop`` (the server's exit) adds ``POST /quitquitquit``.
     ``report_in_content`` (default ``UNWIND_REPORT_IN_CONTENT``): MCP answers carry the
     effect report as a last text block too. ``policy``
     (default: loopback, ``host`` and ``UNWIND_ALLOWED_HOSTS``) decides which Host and Origin
     every route answers. ``doors`` (gateway/auth): every route but the probes needs an
-    authenticated caller; ``limiter`` (ratelimit.py): calls are rate limited."""
+    authenticated caller; ``limiter`` (ratelimit.py): calls are rate limited; ``services``
+    (``start``/``aclose``, e.g. the metrics port) live as long as the app."""
     door = McpDoor(gateway, default_run, report_in_content)
     guarded = McpGuard(door, gateway, default_run, limiter)
 
@@ -49,6 +50,8 @@ def build_app(gateway: Gateway, *, default_run: str | None = None, host: str = "
         await c.start()
         await learn_schemas(gateway)
         gateway.metrics.serving(c.generation, c.ready)
+        for service in services:
+            await service.start()
         if not c.ready:
             log.error("not ready: %s", c.problem)
         # What startup built (the modules, the catalogue) lives as long as the server: frozen,
@@ -63,12 +66,17 @@ def build_app(gateway: Gateway, *, default_run: str | None = None, host: str = "
                 await gateway.upstream.aclose()
                 if limiter is not None:
                     await limiter.aclose()
+                for service in services:
+                    await service.aclose()
                 for close in closers:
                     await close()
 
     middleware = [Middleware(Trust, policy=policy or Policy.from_environ(host))]
     if stop is not None:
         middleware.append(Middleware(Quit, stop=stop))
+    from . import tracing
+    if tracing.enabled:
+        middleware.append(Middleware(tracing.Traced))
     if doors is not None:
         from .auth.doors import Authenticate
         middleware.append(Middleware(Authenticate, doors=doors))

@@ -23,6 +23,7 @@ from ..ledger.ulid import new_ulid
 from ..manifest.model import Effect
 from ..upstream.errors import Refusal
 from ..upstream.limits import MAX_BODY, OverLimit, check_arguments, too_deep
+from . import tracing
 from .enforce import CallRequest, CallResult, Gateway
 from .metrics import UNKNOWN_TOOL
 from .schemas import BadArguments, check_call_arguments
@@ -131,6 +132,12 @@ def routes(gateway: Gateway, default_run: str | None, limiter: Limiter | None = 
         else:
             result = await _call(request, gw)
         response = _answer(request, result)
+        if tracing.enabled:
+            served = gateway.catalogue.get(request.path_params["tool"])
+            tracing.annotate(request.path_params["tool"][:128],
+                             request.headers.get("x-unwind-run") or default_run or "",
+                             result.entry, result.status, result.body, gw.settings.actor,
+                             str(served.manifest.effect) if served else None)
         for name, value in decision.headers() if decision is not None else ():
             response.headers[name] = value
         return response
