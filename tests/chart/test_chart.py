@@ -680,3 +680,33 @@ def test_the_charts_minimum_kubernetes_is_the_docs_and_the_native_sidecars_and_w
     assert f'`kubeVersion: ">={major}.{minor}.0-0"`' in (ROOT / "docs" / "chart.md").read_text()
     for part in PARTS:  # the control plane and the node run here
         assert tuple(int(n) for n in part.kube_version.split(".")[:2]) >= NATIVE_SINCE
+
+
+def test_shared_gateways_add_exactly_the_operators_rules_for_them_and_their_settings(
+        chart: Any) -> None:
+    values = {"sharedGateway": {"enabled": True, "replicas": 3,
+                                "rateLimits": {"actor": {"requests": 9, "per": "1m"}}}}
+    objects = render(chart, values)
+    table = rules_table(named(objects, "ClusterRole", "unwind-operator"))
+    added = {k: v for k, v in table.items() if EXPECTED_CLUSTER_RULES.get(k) != v}
+    assert added == {
+        ("apps", "deployments"): {"get", "create", "update", "delete"},
+        ("", "services"): {"get", "create", "update", "delete"},
+        ("", "serviceaccounts"): {"get", "create", "update", "delete"},
+        ("rbac.authorization.k8s.io", "rolebindings"): {"get", "create", "update", "delete"},
+        ("rbac.authorization.k8s.io", "clusterrolebindings"): {"get", "create", "update", "delete"},
+        ("rbac.authorization.k8s.io", "clusterroles"): {"bind"},
+    }
+    bind = [r for r in named(objects, "ClusterRole", "unwind-operator")["rules"]
+            if r["verbs"] == ["bind"]]
+    assert bind[0]["resourceNames"] == ["unwind-gateway", "unwind-gateway-callers",
+                                        "unwind-gateway-tokenreview"]
+    container = named(objects, "Deployment", "unwind-operator")["spec"]["template"]["spec"][
+        "containers"][0]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    settings = json.loads(env["UNWIND_SHARED_GATEWAYS"])
+    assert settings["replicas"] == 3 and settings["rolePrefix"] == "unwind"
+    assert settings["rateLimits"] == {"actor": {"requests": 9, "per": "1m"}}
+    assert "UNWIND_SHARED_GATEWAYS" not in {e["name"] for e in named(
+        render(chart), "Deployment", "unwind-operator")["spec"]["template"]["spec"][
+            "containers"][0]["env"]}

@@ -104,7 +104,10 @@ def namespace(k8s_api: client.ApiClient) -> Iterator[str]:
 def operator(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Iterator[OperatorProcess]:
     install_crds(control_plane.kubeconfig)
     port = free_ports(1)[0]
-    install_chart(control_plane.kubeconfig, local_values(port))
+    # shared gateways on (their RBAC in the chart, the flag below): only namespaces
+    # annotated unwind.dev/shared-gateway=true get one (tests/cluster/test_shared_gateway.py)
+    install_chart(control_plane.kubeconfig, {**local_values(port),
+                                             "sharedGateway": {"enabled": True}})
     work = tmp_path_factory.mktemp("operator")
     sa = service_account_kubeconfig(control_plane, work / "sa.kubeconfig")
     op = OperatorProcess(sa, work / "operator.log", ("--bundle-window=0.3", f"--metrics-port={METRICS_PORT}",
@@ -112,7 +115,9 @@ def operator(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFacto
                                                      # happen during the tests, not in theory
                                                      "--webhook-cert-lifetime=20s", "--lease-duration=6",
                                                      "--key-check-seconds=1", "--gateway-image=unwind:test",
-                                                     "--trusted-appliers=admin"), webhook_port=port).start()
+                                                     "--trusted-appliers=admin",
+                                                     '--shared-gateways={"replicas": 2}'),
+                        webhook_port=port).start()
     try:
         yield op
     finally:

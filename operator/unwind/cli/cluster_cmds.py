@@ -8,6 +8,7 @@ import logging
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 
 def _env_list(name: str, default: str) -> tuple[str, ...]:
@@ -63,8 +64,45 @@ def cmd_operator(args: argparse.Namespace) -> int:
                     key_check_seconds=args.key_check_seconds, gateway_image=args.gateway_image,
                     rollback_parallelism=args.rollback_parallelism, lookup_seconds=args.lookup_interval,
                     retention_dry_run=args.retention_dry_run, sidecar_mode=args.sidecar_mode)
+    try:
+        config.shared_gateway = _shared_gateway(args, namespace)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     run(config, args.liveness, args.metrics_port)
     return 0
+
+
+def _shared_gateway(args: argparse.Namespace, namespace: str) -> Any:
+    """--shared-gateways FILE (the chart's sharedGateway values as JSON): namespaces annotated
+    unwind.dev/shared-gateway=true get one (operator/shared_gateway.py)."""
+    given = args.shared_gateways or os.environ.get("UNWIND_SHARED_GATEWAYS")
+    if not given:
+        return None
+    import json
+    from pathlib import Path
+
+    from ..operator.shared_gateway import SharedSettings
+
+    text = given if given.strip().startswith("{") else Path(given).read_text(encoding="utf-8")
+    data = json.loads(text)
+    image = data.get("image") or args.gateway_image
+    if not image:
+        raise ValueError("--shared-gateways needs the gateway's image: give --gateway-image")
+    if data.get("rateLimits"):
+        from ..gateway.ratelimit import LimitsConfig
+        LimitsConfig.parse(data["rateLimits"], "sharedGateway.rateLimits")
+    if data.get("oauth"):
+        from ..gateway.auth.oauth import OAuthConfig
+        OAuthConfig.parse(data["oauth"], "sharedGateway.oauth")
+    return SharedSettings(image=image, operator_namespace=namespace,
+                          role_prefix=data.get("rolePrefix", "unwind"),
+                          replicas=int(data.get("replicas", 2)),
+                          pull_policy=data.get("pullPolicy", "IfNotPresent"),
+                          audience=data.get("audience", "unwind-gateway"),
+                          rate_limits=data.get("rateLimits") or None,
+                          oauth=data.get("oauth") or None,
+                          otel_endpoint=data.get("otelEndpoint", ""))
 
 
 CHART_DONE = {"install": "installed", "reinstall": "reinstalled (an unfinished install was removed)",
@@ -243,6 +281,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    "Always; Kubernetes 1.29+), container (a plain container the agent stops with "
                    "POST /quitquitquit), auto (native when the API server is 1.29 or newer; default "
                    "$UNWIND_SIDECAR_MODE or auto). docs/compatibility.md")
+    p.add_argument("--shared-gateways", metavar="FILE", help="namespaces annotated "
+                   "unwind.dev/shared-gateway=true get a shared gateway Deployment and Service: "
+                   "its settings as JSON (replicas, rateLimits, oauth, otelEndpoint, rolePrefix; "
+                   "the chart's sharedGateway values), a file or the JSON itself (default "
+                   "$UNWIND_SHARED_GATEWAYS; none: no shared gateways)")
     p.add_argument("--rollback-parallelism", type=int, default=4, help="undo Jobs of one ledger "
                    "running at once, when their steps are independent (default 4)")
     p.add_argument("--lookup-interval", type=float, default=60.0, help="seconds between lookups of "

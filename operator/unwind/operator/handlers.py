@@ -60,6 +60,7 @@ class Config:
     retention_dry_run: bool = False
     workers: int = 8
     webhook: WebhookConfig = field(default_factory=WebhookConfig)
+    shared_gateway: Any = None  # shared_gateway.SharedSettings: namespaces may ask for one
     lease: Timing = field(default_factory=Timing)
     identity: str = field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
 
@@ -126,7 +127,7 @@ class Namespaces:
 
 
 def reconcile_namespace(kube: Kube, namespace: str, keeper: KeyKeeper, settings: Settings,
-                        first_seen: float) -> bool:
+                        first_seen: float, shared: Any = None) -> bool:
     """Gather → plan → write. Runs in a thread: the Kubernetes client is synchronous.
     Returns False once the namespace is gone (nothing left to reconcile)."""
     with metrics.RECONCILE_SECONDS.time():
@@ -160,6 +161,11 @@ def reconcile_namespace(kube: Kube, namespace: str, keeper: KeyKeeper, settings:
         keeper.record(namespace, result.signed_by)
         if not snap.terminating:
             decide_ledgers(kube, namespace, snap.approvals, settings.trust or keeper.keys.all_public())
+        if shared is not None and not snap.terminating:  # the namespace's shared gateway
+            ns = kube._namespace(namespace) or {}
+            shared.sync(namespace, (ns.get("metadata") or {}).get("annotations") or {},
+                        result.bundle if result.bundle is not None else snap.bundle,
+                        settings.trust or keeper.keys.all_public())
     metrics.RECONCILES.labels("ok").inc()
     return True
 
@@ -216,9 +222,14 @@ def build_registry(config: Config, api: client.ApiClient) -> kopf.OperatorRegist
     tls = TLSKeeper(api, config.operator_namespace, config.webhook.names, config.webhook.configurations,
                     config.webhook.lifetimes)
 
+    shared = None
+    if config.shared_gateway is not None:
+        from .shared_gateway_kube import SharedGateways
+        shared = SharedGateways(api, config.shared_gateway)
+
     async def reconcile(namespace: str, first_seen: float) -> bool:
         return await asyncio.to_thread(reconcile_namespace, kube, namespace, state["keeper"], settings,
-                                       first_seen)
+                                       first_seen, shared)
 
     settings = Settings(config.trusted_appliers, config.four_eyes)
     namespaces = Namespaces(reconcile, config.bundle_window, elector.leading)
@@ -270,6 +281,15 @@ def build_registry(config: Config, api: client.ApiClient) -> kopf.OperatorRegist
     @kopf.on.event(API_GROUP, API_VERSION, PLURAL, registry=registry)  # type: ignore[arg-type]
     async def manifest_changed(namespace: str, **_: Any) -> None:
         namespaces.touch(namespace)  # kopf starts watching only after startup completed
+
+    if shared is not None:
+        from .shared_gateway import ANNOTATION as SHARED
+
+        @kopf.on.event("", "v1", "namespaces", registry=registry)
+        def namespace_changed(name: str, meta: Any, **_: Any) -> None:
+            # asked for a shared gateway, or one it has: its objects follow the annotation
+            if SHARED in (meta.get("annotations") or {}) or name in namespaces.tasks:
+                namespaces.touch(name)
 
     @kopf.on.event(API_GROUP, API_VERSION, APPROVALS, registry=registry)  # type: ignore[arg-type]
     async def approval_changed(namespace: str, spec: Any, **_: Any) -> None:
