@@ -111,8 +111,9 @@ class Authenticate:
         if path == WELL_KNOWN or path.startswith(WELL_KNOWN + "/"):
             await self._metadata(scope, send, path[len(WELL_KNOWN):])
             return
-        headers = {k.decode("latin-1").lower(): v.decode("latin-1")
-                   for k, v in scope.get("headers") or []}
+        given = next((v.decode("latin-1") for k, v in scope.get("headers") or []
+                      if k.lower() == b"authorization"), None)
+        headers = {"authorization": given} if given is not None else {}
         try:
             caller = await self.doors.authenticate(headers, scope)
         except AuthFailure as failure:

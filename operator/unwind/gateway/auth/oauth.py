@@ -172,6 +172,7 @@ class OAuthTokens:
         self.jwt = jwt
         self.config, self.clock, self.wall = config, clock, wall
         self._verified = TtlCache(ttl, size, clock)
+        self._callers: dict[tuple[str, str], tuple[float, Caller]] = {}  # (token, resource)
         self._keys = _Keys()
         self._fetching: asyncio.Future[None] | None = None
         self._jwks_uri = config.jwks_uri
@@ -234,6 +235,10 @@ class OAuthTokens:
 
     async def authenticate_for(self, token: str, scope: Mapping[str, Any]) -> Caller:
         key = hashlib.sha256(token.encode()).hexdigest()
+        resource = self.resource(scope)
+        known = self._callers.get((key, resource))  # the cached path: one lookup
+        if known is not None and known[0] > self.wall():
+            return known[1]
         claims = self._verified.get(key)
         if claims is None:
             claims = await self._verify(token)
@@ -242,6 +247,14 @@ class OAuthTokens:
         elif float(claims["exp"]) + self.config.leeway_s <= self.wall():
             raise self._invalid(scope, "the token has expired")
         self._check_audience(claims, scope)
+        caller = self._caller(claims, scope)
+        if len(self._callers) >= 10_000:
+            self._callers.clear()
+        self._callers[(key, resource)] = (min(float(claims["exp"]) + self.config.leeway_s,
+                                              self.wall() + 60), caller)
+        return caller
+
+    def _caller(self, claims: Mapping[str, Any], scope: Mapping[str, Any]) -> Caller:
         subject = claims.get(self.config.actor_claim)
         if not isinstance(subject, str) or not subject:
             raise self._invalid(scope, f"the token has no {self.config.actor_claim!r} claim to "
