@@ -62,6 +62,8 @@ MANIFEST = """- tool: bench.echo
 BODY = json.dumps({"arguments": {"text": "hello", "n": 1}})
 PATH = "/call/bench.echo"
 LOCK = Path("/tmp/unwind-cluster.lock")
+# headers every load sends besides the run (benchmarks.gateway_auth adds Authorization)
+EXTRA_HEADERS: dict[str, str] = {}
 FSYNC_METRICS = ("unwind_gateway_ledger_fsyncs_total", "unwind_gateway_ledger_fsyncs")
 
 # the issue's targets (issue 20)
@@ -194,7 +196,9 @@ Driver = Callable[[str, int, float, int, str], Load]
 def _hey(url: str, rate: int, seconds: float, workers: int, run: str) -> Load:
     per_worker = [] if rate <= 0 else ["-q", f"{rate / workers:g}"]
     cmd = ["hey", "-z", f"{seconds:g}s", "-c", str(workers), *per_worker, "-m", "POST",
-           "-T", "application/json", "-H", f"X-Unwind-Run: {run}", "-d", BODY, "-o", "csv", url]
+           "-T", "application/json", "-H", f"X-Unwind-Run: {run}",
+           *(a for k, v in EXTRA_HEADERS.items() for a in ("-H", f"{k}: {v}")),
+           "-d", BODY, "-o", "csv", url]
     started = time.monotonic()
     out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
     elapsed = time.monotonic() - started
@@ -212,7 +216,7 @@ def _paced(url: str, rate: int, seconds: float, workers: int, run: str) -> Load:
         latencies: list[float] = []
         errors = 0
         interval = 1 / rate if rate > 0 else 0.0
-        headers = {"X-Unwind-Run": run, "Content-Type": "application/json"}
+        headers = {"X-Unwind-Run": run, "Content-Type": "application/json", **EXTRA_HEADERS}
         connector = aiohttp.TCPConnector(limit=workers)
         async with aiohttp.ClientSession(connector=connector, headers=headers) as session:
             start = time.perf_counter()

@@ -1,0 +1,194 @@
+"""Benchmark: what authentication, rate limits and trace export add to a gateway call,
+beside a bare aiohttp proxy and the plain gateway, in one run.
+
+    .venv/bin/python -m benchmarks.gateway_auth [--seconds 5] [--peak-seconds 3]
+
+Servers, each a process of its own in front of one small upstream (benchmarks.gateway's):
+
+- the bare aiohttp proxy (the baseline of benchmarks.gateway);
+- the gateway with the ledger in memory, on loopback without authentication;
+- the same with ``--auth oauth`` (one RS256 JWT, so the cached path: verified once, then
+  looked up per call) and with ``--auth oauth --rate-limits`` (two buckets per call, one
+  Lua script in a Redis from Debian);
+- the gateway with the **file** ledger, authentication and rate limits: the shared gateway's
+  path on a laptop's disk (the ≥ 1,000 calls/s target at 10 concurrent);
+- the memory-ledger gateway exporting traces (OTLP/HTTP to a sink that answers 200) beside
+  the same without, at 200 calls/s.
+
+The loads and the CPU counting are benchmarks.gateway's (``_measure``): CPU per call from the
+serving process's own counters. ServiceAccount tokens' cached path is the same lookup as
+OAuth's (a sha256 and a dict); TokenReview itself is not measured here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from . import gateway as g
+
+AUTH_CPU_MS = 0.1  # the issue's targets (issue 32)
+CALLS_PER_S = 1000
+TRACE_CPU_RATIO = 1.05
+
+
+def _serve_sink(port: int, jwks: str) -> None:
+    """The issuer's JWKS at /jwks and an OTLP sink at /v1/traces (answers 200, keeps nothing)."""
+    from aiohttp import web
+
+    async def keys(_: web.Request) -> web.Response:
+        return web.Response(text=Path(jwks).read_text(), content_type="application/json")
+
+    async def traces(request: web.Request) -> web.Response:
+        await request.read()
+        return web.Response(status=200, content_type="application/x-protobuf")
+
+    app = web.Application()
+    app.add_routes([web.get("/jwks", keys), web.post("/v1/traces", traces)])
+    web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None)
+
+
+def _token(folder: Path, issuer: str) -> str:
+    import jwt
+    from cryptography.hazmat.primitives.asymmetric import rsa
+
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    public = json.loads(jwt.algorithms.RSAAlgorithm.to_jwk(key.public_key()))
+    (folder / "jwks.json").write_text(json.dumps({"keys": [{**public, "kid": "k1", "use": "sig",
+                                                            "alg": "RS256"}]}))
+    claims = {"iss": issuer, "sub": "bench", "aud": "bench", "scope": "bench.write",
+              "exp": int(time.time()) + 3600}
+    return jwt.encode(claims, key, algorithm="RS256", headers={"kid": "k1"})
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--seconds", type=float, default=5)
+    parser.add_argument("--peak-seconds", type=float, default=3)
+    parser.add_argument("--serve-sink", nargs=2, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.serve_sink:
+        _serve_sink(int(args.serve_sink[0]), args.serve_sink[1])
+        return 0
+    shapes = [g.Shape(1, 0), g.Shape(10, 0)]
+    traced_shape = [g.Shape(10, 200)]
+    procs: list[subprocess.Popen[bytes]] = []
+    rows: list[g.Server] = []
+    with tempfile.TemporaryDirectory(prefix="unwind-bench-auth-") as tmp:
+        folder = Path(tmp)
+        redis_port = g._free_port()
+        redis = subprocess.Popen(["redis-server", "--port", str(redis_port), "--bind", "127.0.0.1",
+                                  "--save", "", "--appendonly", "no", "--dir", str(folder)],
+                                 stdout=subprocess.DEVNULL)
+        g._wait(redis_port, redis)
+        redis_url = f"redis://127.0.0.1:{redis_port}/0"
+        try:
+            up_port, sink_port = g._free_port(), g._free_port()
+            issuer = f"http://127.0.0.1:{sink_port}"
+            token = _token(folder, issuer)
+            for command in (["--serve-upstream", str(up_port)],):
+                procs.append(subprocess.Popen([sys.executable, "-m", "benchmarks.gateway",
+                                               *command], env=g._env()))
+                g._wait(up_port, procs[-1])
+            procs.append(subprocess.Popen([sys.executable, "-m", "benchmarks.gateway_auth",
+                                           "--serve-sink", str(sink_port),
+                                           str(folder / "jwks.json")], env=g._env()))
+            g._wait(sink_port, procs[-1])
+            manifest = folder / "bench.yaml"
+            manifest.write_text(g.MANIFEST.format(port=up_port))
+            oauth = json.dumps({"issuer": issuer, "jwks_uri": f"{issuer}/jwks",
+                                "audiences": ["bench"], "scopes": {"bench:write": ["bench.write"]}})
+            limits = json.dumps({"store": redis_url, "actor": {"requests": 10_000_000, "per": "1m"},
+                                 "tool": {"requests": 10_000_000, "per": "1m"}})
+            base = ["unwind.cli.main", "gateway", "--manifests", str(manifest), "--listen",
+                    "127.0.0.1:{port}", "--scopes", "bench:write", "--log-level", "warning",
+                    "--max-entries-per-run", "0"]
+
+            def start(label: str, kind: str, *extra: str, env: dict[str, str] | None = None
+                      ) -> g.Server:
+                port = g._free_port()
+                command = [c.replace("{port}", str(port)) for c in [*base, *extra]]
+                if extra and extra[0] == "--serve-proxy":
+                    command = ["benchmarks.gateway", "--serve-proxy", str(port), str(up_port)]
+                proc = subprocess.Popen([sys.executable, "-m", *command],
+                                        env={**g._env(), **(env or {})},
+                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                procs.append(proc)
+                g._wait(port, proc)
+                return g.Server(label, port, proc.pid, kind)
+
+            plain = [("bare aiohttp proxy", "bare", ("--serve-proxy",), False),
+                     ("gateway, memory, no auth", "memory", ("--benchmark-memory-store",), False),
+                     ("+ oauth (cached)", "auth", ("--benchmark-memory-store", "--auth", "oauth",
+                                                   "--oauth-config", oauth), True),
+                     ("+ oauth + rate limits", "limits", ("--benchmark-memory-store", "--auth",
+                                                          "oauth", "--oauth-config", oauth,
+                                                          "--rate-limits", limits), True),
+                     ("file ledger + oauth + limits", "file", (
+                         "--ledger-dir", str(folder / "ledger"), "--auth", "oauth",
+                         "--oauth-config", oauth, "--rate-limits", limits), True)]
+            for label, kind, extra, auth in plain:
+                server = start(label, kind, *extra)
+                g.EXTRA_HEADERS.clear()
+                if auth:
+                    g.EXTRA_HEADERS["Authorization"] = f"Bearer {token}"
+                g._measure(server, shapes, g._paced, args.seconds, args.peak_seconds)
+                rows.append(server)
+                g._stop(procs[-1:])
+                del procs[-1]
+            g.EXTRA_HEADERS.clear()
+            for label, kind, env in (("memory, no traces", "untraced", None),
+                                     ("memory, OTLP export", "traced", {
+                                         "OTEL_EXPORTER_OTLP_ENDPOINT": issuer})):
+                server = start(label, kind, "--benchmark-memory-store", env=env)
+                g._measure(server, traced_shape, g._paced, args.seconds, args.peak_seconds)
+                rows.append(server)
+                g._stop(procs[-1:])
+                del procs[-1]
+        finally:
+            g._stop(procs)
+            redis.terminate()
+            redis.wait(10)
+    _print(rows, shapes, traced_shape)
+    return 0
+
+
+def _print(rows: list[g.Server], shapes: list[g.Shape], traced: list[g.Shape]) -> None:
+    by = {s.kind: s for s in rows}
+    print("client: python (aiohttp), its own process; CPU per call from the serving process's "
+          "counters; x = ratio to the bare proxy in the same shape")
+    print(f"{'':32} {'calls/s':>8} {'CPU ms':>7} {'x':>5} {'p50 ms':>7} {'p99 ms':>7} {'err':>4}")
+    for shape in [*shapes, *traced]:
+        print(f"-- {shape.label}")
+        for s in rows:
+            r = s.results.get(shape)
+            if r is None:
+                continue
+            bare = by["bare"].results.get(shape)
+            x = f"{r.cpu_ms / bare.cpu_ms:5.2f}" if bare and bare.cpu_ms else ""
+            print(f"  {s.label:30} {r.load.throughput:8.0f} {r.cpu_ms:7.3f} {x:>5} "
+                  f"{r.load.pct(50):7.2f} {r.load.pct(99):7.2f} {r.load.errors:4d}")
+    print("RSS after the loads (MB, now / peak): " + "; ".join(
+        f"{s.label} {s.rss_kb[0] / 1024:.1f} / {s.rss_kb[1] / 1024:.1f}" for s in rows))
+    print("targets (issue 32), in this run:")
+    for shape in shapes:
+        added = by["limits"].results[shape].cpu_ms - by["memory"].results[shape].cpu_ms
+        auth = by["auth"].results[shape].cpu_ms - by["memory"].results[shape].cpu_ms
+        print(f"  authentication (cached) + rate limit add <= {AUTH_CPU_MS} ms CPU per call, "
+              f"{shape.label}: {added:+.3f} ms (authentication alone {auth:+.3f}) "
+              f"{g._met(added <= AUTH_CPU_MS)}")
+    rate = by["file"].results[shapes[-1]].load.throughput
+    print(f"  >= {CALLS_PER_S} authenticated calls/s at 10 concurrent, file ledger: {rate:.0f}/s "
+          f"{g._met(rate >= CALLS_PER_S)}")
+    on, off = by["traced"].results[traced[0]].cpu_ms, by["untraced"].results[traced[0]].cpu_ms
+    print(f"  trace export <= 5% CPU at 200 calls/s: {on / off - 1:+.1%} "
+          f"{g._met(on / off <= TRACE_CPU_RATIO)}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
