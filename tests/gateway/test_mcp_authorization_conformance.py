@@ -26,7 +26,7 @@ import pytest
 
 from .auth_parts import Issuer, node22, running_issuer
 from .conftest import ROOT, GatewayProc, env, start_gateway, stop
-from .installs import npm_tool
+from .installs import CONFORMANCE, npm_tool
 
 HERE = Path(__file__).parent
 CLIENT = HERE / "oauth_client.py"
@@ -34,7 +34,7 @@ COMMENT = {"repo": "octo/hello", "issue": 7, "client_id": "c9", "body": "via oau
 
 
 def conformance() -> list[str]:
-    launcher = npm_tool("@modelcontextprotocol/conformance", "0.1.16", "conformance")
+    launcher = npm_tool(*CONFORMANCE)
     return [str(node22()), str(launcher.resolve())]
 
 
