@@ -1,7 +1,8 @@
 """OpenTelemetry: `unwind gateway` with the standard OTEL_* variables exports its spans over
 OTLP/HTTP to a receiver (tests/gateway/otlp_receiver.py decodes them): a SERVER span per call
 parented on the caller's traceparent (header, or MCP params._meta), CLIENT spans for the
-upstream call and the ledger writes, the entry id as an attribute, no argument values."""
+upstream call and the ledger writes, the entry id as an attribute, no argument values; the
+entry keeps the call's traceparent for the undo Jobs (tests/rollback/test_undo_step.py)."""
 
 from __future__ import annotations
 
@@ -58,12 +59,14 @@ def test_a_rest_call_is_a_server_span_parented_on_traceparent_with_client_spans_
         [c for c in receiver.spans if c.parent_id == server.span_id]) >= 3)
     names = sorted(s.name for s in children)
     assert "POST github.create_comment" in names
-    assert names.count("unwind.ledger create") + names.count("unwind.ledger update") >= 2
+    assert names.count("unwind.ledger create") + names.count("unwind.ledger transition") >= 2
     assert all(s.kind == "CLIENT" for s in children)
     sent = [q for q in upstream.admin("requests")["requests"] if q["route"] == "comments.create"]
     assert sent  # the upstream call carried the trace on (the test upstream logs no headers)
     values = " ".join(str(v) for s in receiver.spans for v in s.attributes.values())
     assert "secret-ish" not in values  # arguments are not recorded
+    [entry] = traced.entries("traced-1")  # what its undo Job continues (undojob.py)
+    assert entry["traceparent"] == f"00-{TRACE}-{server.span_id}-01"
 
 
 def test_a_refused_call_has_its_code_as_error_type(traced: GatewayProc, receiver: Receiver) -> None:

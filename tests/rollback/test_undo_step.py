@@ -182,3 +182,44 @@ def test_the_result_always_fits_a_termination_message() -> None:
     assert (result["ok"], result["outcome"], result["entry_state"]) == (False, "lookup_failed",
                                                                         "uncertain")
     assert "larger than a termination message" in result["reason"]
+
+
+def test_an_undo_step_given_a_traceparent_continues_that_trace_at_the_otlp_receiver(
+        upstream: UpstreamProc, tmp_path: Path) -> None:
+    from gateway.otlp_receiver import Receiver
+
+    trace, parent = "6bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
+    ch = charge(upstream, "o-traced")
+    receiver = Receiver()
+    try:
+        done = undo_step(UNWIND_STEP=json.dumps(refund_step(upstream, ch["id"])),
+                         UNWIND_TERMINATION_LOG=str(tmp_path / "log"),
+                         TRACEPARENT=f"00-{trace}-{parent}-01",
+                         OTEL_EXPORTER_OTLP_ENDPOINT=receiver.endpoint)
+        assert done.returncode == 0, done.stderr
+        [step] = receiver.wait(lambda s: s.name == "undo_step stripe.refund")
+        assert (step.trace_id, step.parent_id) == (trace, parent)
+        assert step.service == "unwind-undo-step"
+        assert step.attributes["unwind.entry.id"] == "pay-1"
+        assert step.attributes["unwind.undo.action"] == "compensate"
+        calls = receiver.wait(lambda s: s.parent_id == step.span_id and s.kind == "CLIENT"
+                              and len([c for c in receiver.spans if c.parent_id == step.span_id]) >= 2)
+        assert {c.name for c in calls} >= {"POST stripe.refund", "GET stripe.get_charge"}
+    finally:
+        receiver.close()
+
+
+def test_an_undo_step_without_a_traceparent_sends_no_spans(upstream: UpstreamProc,
+                                                           tmp_path: Path) -> None:
+    from gateway.otlp_receiver import Receiver
+
+    ch = charge(upstream, "o-untraced")
+    receiver = Receiver()
+    try:
+        done = undo_step(UNWIND_STEP=json.dumps(refund_step(upstream, ch["id"])),
+                         UNWIND_TERMINATION_LOG=str(tmp_path / "log"),
+                         OTEL_EXPORTER_OTLP_ENDPOINT=receiver.endpoint)
+        assert done.returncode == 0, done.stderr
+        assert receiver.spans == []  # the process has exited: whatever it exported is here
+    finally:
+        receiver.close()

@@ -186,17 +186,26 @@ def termination_log() -> str | None:
 
 
 def cmd_undo_step(args: argparse.Namespace) -> int:
+    from ..gateway import tracing
     from ..undo.runner import fit, parse_step, run_step
     from ..upstream.client import Upstream
     from ..upstream.secrets import LocalSecrets
 
     async def run(spec: Any) -> dict[str, Any]:
+        # in a Job of a traced call: the undo continues its trace (gateway/tracing.py)
+        close = tracing.configure("unwind-undo-step") if os.environ.get("TRACEPARENT") else None
         upstream = Upstream()
+        if close is not None:
+            tracing.instrument_upstream(upstream)
         try:
-            return await run_step(spec, upstream, LocalSecrets(args.secrets_dir
-                                                               or os.environ.get("UNWIND_SECRETS_DIR")))
+            with tracing.step(spec.manifest.tool, spec.step.action, spec.step.entry,
+                              os.environ.get("TRACEPARENT")):
+                return await run_step(spec, upstream, LocalSecrets(
+                    args.secrets_dir or os.environ.get("UNWIND_SECRETS_DIR")))
         finally:
             await upstream.aclose()
+            if close is not None:
+                await close()  # flushes the spans before the pod ends
     try:
         spec = parse_step(json.loads(read_step_text(args)))
     except (OSError, ValueError) as exc:

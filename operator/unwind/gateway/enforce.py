@@ -64,6 +64,7 @@ from ..manifest.refs import resolve_map
 from ..upstream.client import Answer, Prepared, Upstream, prepare
 from ..upstream.errors import Refusal, upstream_refusal
 from ..upstream.secrets import Secrets
+from . import tracing
 from .after_read import read_after, record_after, wants_read_after
 from .callstate import Call, CallRequest, CallResult, Settings
 from .catalogue import Catalogue
@@ -401,7 +402,8 @@ class Gateway(KeyHolding):
             scope=m.idempotency.scope if m and m.idempotency and c.key else None,
             actor=self.settings.actor, state=state, arguments_sha256=c.digest(),
             warnings=list(c.warnings), times=Times(requested=stamp(self.clock())),
-            deadline=stamp(c.deadline) if c.deadline and state == "pending" else None, **fields)
+            deadline=stamp(c.deadline) if c.deadline and state == "pending" else None,
+            traceparent=tracing.traceparent(), **fields)  # its undo continues the trace
 
     async def _store_new(self, c: _Call, entry: Entry, *, reread: bool = False) -> Entry:
         """Create the entry, or turn the reusable (or approved) one it replaces into it.

@@ -15,17 +15,21 @@ Per call:
 - a CLIENT span for each upstream call (``traceparent`` goes upstream with it, the caller's
   token never does) and one for each ledger write (``unwind.ledger create|update``).
 
-Arguments and answers are never recorded. Not yet: the undo Jobs of a rollback do not
-continue the trace of the call they undo (the entry would have to keep its traceparent).
+Arguments and answers are never recorded. The entry a call creates keeps the call's
+``traceparent`` (the SERVER span's); the undo Job of a rollback gets it as ``TRACEPARENT``
+with the operator's ``OTEL_EXPORTER_OTLP_*`` endpoint, and ``unwind undo-step`` opens its
+``undo_step <tool>`` span under it (``step``): the undo is part of the trace of the call it
+undoes, its upstream call a CLIENT span of it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import logging
 import os
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -141,13 +145,47 @@ class Traced:
             span.set_attribute("http.response.status_code", status[0])
 
 
+def traceparent() -> str | None:
+    """The current span's W3C traceparent (what an entry keeps for its undo), or None."""
+    if not enabled:
+        return None
+    from opentelemetry.propagate import inject
+
+    carrier: dict[str, str] = {}
+    inject(carrier)
+    return carrier.get("traceparent")
+
+
+@contextlib.contextmanager
+def step(tool: str, action: str, entry: str, parent: str | None) -> Iterator[Any]:
+    """The undo Job's span, continuing the undone call's trace (``parent``: its traceparent);
+    nothing when traces are off."""
+    if not enabled:
+        yield None
+        return
+    from opentelemetry import propagate
+    from opentelemetry.trace import SpanKind
+
+    context = propagate.extract({"traceparent": parent} if parent else {})
+    with tracer().start_as_current_span(
+            f"undo_step {tool}", context=context, kind=SpanKind.INTERNAL,
+            attributes={"unwind.tool": tool, "unwind.undo.action": action,
+                        "unwind.entry.id": entry}) as span:
+        yield span
+
+
 def instrument(gateway: Any) -> None:
     """CLIENT spans around the gateway's upstream calls and ledger writes (shared by every
     per-caller view of the gateway: they hold the same upstream and store)."""
+    instrument_upstream(gateway.upstream)
+    _instrument_store(gateway.store)
+
+
+def instrument_upstream(upstream: Any) -> None:
+    """A CLIENT span around each of ``upstream``'s calls; ``traceparent`` goes with it."""
     from opentelemetry.propagate import inject
     from opentelemetry.trace import SpanKind, StatusCode
 
-    upstream = gateway.upstream
     send = upstream.send
 
     @functools.wraps(send)
@@ -171,8 +209,11 @@ def instrument(gateway: Any) -> None:
             return answer
     upstream.send = traced_send
 
-    store = gateway.store
-    for op in ("create", "update"):
+
+def _instrument_store(store: Any) -> None:
+    from opentelemetry.trace import SpanKind, StatusCode
+
+    for op in ("create", "transition"):  # every write of an entry is one of these
         original = getattr(store, op)
 
         def traced(original: Any = original, op: str = op) -> Any:

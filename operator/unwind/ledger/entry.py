@@ -151,6 +151,10 @@ class Entry(_Model):
                                                    "rendered key (scope run with a carrier: the "
                                                    "run is part of it); lookups send this one.")
     times: Times
+    traceparent: str | None = Field(
+        None, pattern=r"^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$",
+        description="The W3C traceparent of the call that wrote the entry, when the gateway "
+                    "traces: the undo Jobs of its rollback continue that trace.")
     deadline: str | None = Field(
         None, description="When the call can no longer be under way (RFC 3339): written ahead "
                           "with the pending entry, from the call's timeout and retries. Until "

@@ -36,7 +36,7 @@ from .ledgerfailures import permanent
 from .ledgers import decide_entries, decisions_for, ledger_targets, settle_entries, settles_for
 from .reconcile import Settings, failure_statuses, plan
 from .rollback import Reason
-from .undojob import ledger_of_job
+from .undojob import ledger_of_job, trace_env
 from .webhook import TLSKeeper, WebhookServer
 
 log = logging.getLogger("unwind.operator")
@@ -240,7 +240,8 @@ def build_registry(config: Config, api: client.ApiClient) -> kopf.OperatorRegist
     server = WebhookServer(tls, admission, config.webhook.addr, config.webhook.port)
     # Rollbacks, lost answers and retention (jobs.py): a loop of their own, leader only.
     rollbacks = RollbackLoop(RollbackWorker(kube, RollbackConfig(
-        config.gateway_image, config.rollback_parallelism, config.lookup_seconds, config.retention_dry_run),
+        config.gateway_image, config.rollback_parallelism, config.lookup_seconds, config.retention_dry_run,
+        trace_env=trace_env(os.environ)),
         lambda: state["keeper"].keys.all_public()), elector.leading)
 
     @kopf.on.login(registry=registry)

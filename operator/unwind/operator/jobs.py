@@ -120,6 +120,7 @@ class RollbackConfig:
     lookup_every: float = 60.0
     retention_dry_run: bool = False
     window: float = 0.2
+    trace_env: tuple[tuple[str, str], ...] = ()  # the operator's OTLP settings (undojob.trace_env)
 
 
 @dataclass
@@ -342,7 +343,8 @@ class RollbackWorker:
                           dropped=int(status.get("rollbacksDropped") or 0))
         decisions = self._approvals_needed(namespace, ledger, rb)
         refused = {n: w for (ns, n), w in self.refused.items() if ns == namespace}
-        ctx = Context(namespace, now, self.config.image, self.config.parallelism, self.config.lookup_every)
+        ctx = Context(namespace, now, self.config.image, self.config.parallelism, self.config.lookup_every,
+                      self.config.trace_env)
         decision = decide(view, versions, jobs() if (busy or uncertain) else {}, decisions, ctx, refused)
         delete = False
         if full and not busy:

@@ -168,6 +168,7 @@ class Context:
     image: str
     parallelism: int = 4
     lookup_every: float = 60.0  # seconds between lookups of a lost answer (doubling)
+    trace_env: tuple[tuple[str, str], ...] = ()  # OTLP settings for the Jobs (undojob.trace_env)
 
 
 @dataclass
@@ -579,7 +580,15 @@ class _Pass:
         verifier = v.tools.get(step.verification.tool) if step.verification else None
         return job_body(name=name, ledger=self.ledger.name, uid=self.ledger.uid, entry=entry.id,
                         step=label, text=text, image=self.ctx.image,
-                        deadline=deadline_seconds(data, called, verifier), manifests=(called, verifier))
+                        deadline=deadline_seconds(data, called, verifier), manifests=(called, verifier),
+                        trace=self._trace(entry))
+
+    def _trace(self, entry: Entry) -> dict[str, str]:
+        """The Job continues the undone call's trace when there is one and somewhere to send it."""
+        env = dict(self.ctx.trace_env)
+        if env and entry.traceparent:
+            env["TRACEPARENT"] = entry.traceparent
+        return env
 
     def _moot(self, s: dict[str, Any], entry: Entry) -> bool:
         """An older entry's undo removed the step's object (this rollback's, or one before):

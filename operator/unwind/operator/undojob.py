@@ -27,7 +27,7 @@ import hashlib
 import json
 import math
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from .. import API_GROUP, API_VERSION
@@ -44,6 +44,10 @@ BACKOFF_LIMIT = 1
 STARTUP_SECONDS = 30  # pulling and starting the container, per pod
 DEFAULT_UPSTREAM_MS = 30_000  # the gateway's default upstream timeout (upstream/client.py)
 MAX_STEP_BYTES = 64 * 1024  # far below the kernel's 128 KiB limit for one env string
+# the operator's OTLP settings an undo Job gets (its exporter's headers stay out: they would
+# be readable by whoever reads Jobs)
+TRACE_ENV = ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+             "OTEL_EXPORTER_OTLP_PROTOCOL", "OTEL_TRACES_SAMPLER", "OTEL_TRACES_SAMPLER_ARG")
 _LABEL_VALUE = re.compile(r"([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?")
 
 
@@ -122,15 +126,23 @@ def _volume(secret: str) -> str:
     return f"s-{clean}-{hashlib.sha256(secret.encode()).hexdigest()[:8]}"
 
 
+def trace_env(environ: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
+    """The OTLP settings of ``environ`` (the operator's) that its undo Jobs get."""
+    return tuple((k, environ[k]) for k in TRACE_ENV if environ.get(k))
+
+
 def job_body(*, name: str, ledger: str, uid: str, entry: str, step: str, text: str,
-             image: str, deadline: int, manifests: Iterable[ToolManifest | None]) -> dict[str, Any]:
-    """The Job running ``unwind undo-step`` with the step input ``text``."""
+             image: str, deadline: int, manifests: Iterable[ToolManifest | None],
+             trace: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The Job running ``unwind undo-step`` with the step input ``text``; ``trace``: its
+    ``TRACEPARENT`` (the undone call's) and OTLP settings, so the step continues the trace."""
     secrets = sorted(header_secrets(m for m in manifests if m is not None))
     # a ledger's name may be 253 characters, a label value 63: long ones are hashed, and
     # the ledger is found from the owner reference (ledger_of_job)
     labels = {**MANAGED, LEDGER_LABEL: label_value(ledger), ENTRY_LABEL: label_value(entry), STEP_LABEL: step}
     env = [{"name": "UNWIND_STEP", "value": text},
-           {"name": "UNWIND_SECRETS_DIR", "value": SECRETS_DIR}]
+           {"name": "UNWIND_SECRETS_DIR", "value": SECRETS_DIR},
+           *({"name": k, "value": v} for k, v in sorted((trace or {}).items()))]
     mounts = [{"name": _volume(s), "mountPath": f"{SECRETS_DIR}/{s}", "readOnly": True} for s in secrets]
     volumes = [{"name": _volume(s), "secret": {"secretName": s}} for s in secrets]
     container: dict[str, Any] = {
