@@ -40,3 +40,22 @@ def test_the_mcp_door_benchmark_prints_both_doors_in_both_eras() -> None:
             if line.startswith(("| JSON-only door", "| streaming door"))]
     assert len(rows) == 4, out.stdout
     assert "handshake era: p50" in out.stdout and "2026-07-28: p50" in out.stdout
+
+
+def test_the_authenticated_gateway_benchmark_prints_every_row_and_issue_32s_targets() -> None:
+    out = subprocess.run([sys.executable, "-m", "benchmarks.gateway_auth", "--seconds", "0.5",
+                          "--peak-seconds", "0.5"],
+                         cwd=ROOT, env=env(), capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    text = out.stdout
+    for row in ("bare aiohttp proxy", "+ oauth (cached)", "+ oauth + rate limits",
+                "file ledger + oauth + limits", "memory, OTLP export, 1 in 10"):
+        assert f"  {row} " in text, text
+    authenticated = [line.split() for line in text.splitlines()
+                     if line.startswith("  file ledger + oauth + limits ")]
+    assert len(authenticated) == 2 and all(int(r[-1]) == 0 and float(r[-6]) > 0
+                                           for r in authenticated), text  # no refusals
+    for target in ("authentication (cached) + rate limit add <= 0.1 ms CPU per call",
+                   ">= 1000 authenticated calls/s at 10 concurrent, file ledger",
+                   "trace export <= 5% CPU at 200 calls/s", "one Redis round trip (PING"):
+        assert target in text, text
