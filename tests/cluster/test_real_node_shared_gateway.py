@@ -3,7 +3,10 @@ namespace's Deployment of two gateways, which the kubelet runs from the project'
 under Pod Security "restricted"; an agent's projected-style token (TokenRequest, audience
 unwind-gateway) is proved by the API server's TokenReview from inside the pods, the ledger
 records the agent's ServiceAccount, a call without a token is 401, and a replica deleted
-between calls is replaced with nothing lost or run twice.
+between calls is replaced with nothing lost or run twice; with the chart's
+``sharedGateway.otelEndpoint``, the replicas' spans reach an OTLP/HTTP receiver on the
+node's address (tests/gateway/otlp_receiver.py, decoding the real export requests) with
+the caller's parent and Unwind's attributes.
 
 A dev cluster of its own (test_real_node.py's fixtures, one node per machine).
 """
@@ -64,7 +67,8 @@ def token(api: client.ApiClient) -> str:
     return str(made.status.token)
 
 
-def call(ip: str, bearer: str | None, run: str, key: str, client_id: str) -> tuple[int, dict[str, Any]]:
+def call(ip: str, bearer: str | None, run: str, key: str, client_id: str,
+         traceparent: str | None = None) -> tuple[int, dict[str, Any]]:
     body = json.dumps({"arguments": {"repo": "octo/hello", "issue": 7, "client_id": client_id,
                                      "body": "from the shared gateway"}}).encode()
     # to a pod's address, as the Service's name (the Host an agent sends; others are 421)
@@ -72,6 +76,8 @@ def call(ip: str, bearer: str | None, run: str, key: str, client_id: str) -> tup
                "Host": f"{NAME}.{NS}.svc:8787"}
     if bearer:
         headers["Authorization"] = f"Bearer {bearer}"
+    if traceparent:
+        headers["traceparent"] = traceparent
     request = urllib.request.Request(f"http://{ip}:8787/call/github.create_comment", body, headers)
     try:
         with urllib.request.urlopen(request, timeout=30) as r:
@@ -123,16 +129,64 @@ def test_a_replica_deleted_between_calls_is_replaced_and_nothing_is_lost_or_run_
         ips = pod_ips(api)
         return ips if len(ips) == 2 and shared[0] not in ips else None
     now = wait_for("two ready replicas again, one of them new", replaced, timeout=180)
-    for ip in now:  # the repeat of "before" is answered from the ledger, not run again
-        assert call(ip, bearer, "shared-node-2", "before", "before")[0] == 200
+    for ip in now:  # the repeat of "before", at either replica, is refused: a call runs once
+        status, body = call(ip, bearer, "shared-node-2", "before", "before")
+        assert status == 409 and body["error"]["code"] == "duplicate", body
     assert comments_created() == made
     status, _ = call(now[0], bearer, "shared-node-2", "after", "after")
     assert status == 200
-    got = entries(api, "shared-node-2")
-    assert sorted(e["id"] for e in got) == ["after", "before"]
-    assert all(e["state"] == "succeeded" and e["actor"] == ACTOR for e in got)
+    got = {e["id"]: e for e in entries(api, "shared-node-2")}
+    assert (got.pop("before")["state"], got.pop("after")["state"]) == ("succeeded", "succeeded")
+    # the two refused repeats are recorded as refused, under ids of their own
+    assert [(e["state"], e["actor"]) for e in got.values()] == [("refused", ACTOR)] * 2, got
     assert comments_created() == made + 1
 
 
 def comments_created() -> int:
     return sum(1 for r in node.upstream_requests() if r.get("route") == "comments.create")
+
+
+OTLP_SERVICE = "10.0.0.89"  # a fixed ClusterIP, as examples/upstream-service.yaml has
+
+
+def test_the_replicas_traces_reach_an_otlp_receiver_with_the_callers_parent_and_attributes(
+        shared: list[str], kc: Path, api: client.ApiClient) -> None:
+    from gateway.otlp_receiver import Receiver
+    from unwind.controlplane import kubenode
+
+    receiver = Receiver(host=kubenode.NODE_ADDRESS)
+    try:
+        kubectl(kc, "apply", "-f", "-", input_text=yaml.safe_dump_all([
+            {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "otlp", "namespace": NS},
+             "spec": {"clusterIP": OTLP_SERVICE, "ports": [
+                 {"name": "http", "port": 4318, "targetPort": receiver.port}]}},
+            {"apiVersion": "v1", "kind": "Endpoints", "metadata": {"name": "otlp", "namespace": NS},
+             "subsets": [{"addresses": [{"ip": kubenode.NODE_ADDRESS}],
+                          "ports": [{"name": "http", "port": receiver.port}]}]}]))
+        install_chart(kc, {**node_values(), "sharedGateway": {
+            "enabled": True, "replicas": 2, "otelEndpoint": f"http://{OTLP_SERVICE}:4318"}})
+        kubectl(kc, "-n", OPERATOR_NAMESPACE, "rollout", "status",
+                f"deploy/{OPERATOR_DEPLOYMENT}", "--timeout=240s", timeout=260)
+        wait_for("the Deployment to carry the endpoint", lambda: OTLP_SERVICE in kubectl(
+            kc, "-n", NS, "get", "deploy", NAME, "-o", "jsonpath={.spec.template.spec.containers[0].env}"),
+            timeout=120)
+        kubectl(kc, "-n", NS, "rollout", "status", f"deploy/{NAME}", "--timeout=240s", timeout=260)
+        ip = wait_for("two ready replicas", lambda: (ips := pod_ips(api)) and len(ips) == 2 and ips,
+                      timeout=120)[0]
+        trace, parent = "7bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
+        status, body = call(ip, token(api), "shared-node-3", "traced", "traced",
+                            traceparent=f"00-{trace}-{parent}-01")
+        assert status == 200, body
+        [server] = receiver.wait(lambda s: s.kind == "SERVER" and s.trace_id == trace, 60)
+        assert server.parent_id == parent and server.service == NAME
+        assert server.name == "execute_tool github.create_comment"
+        assert server.attributes["unwind.entry.id"] == "traced"
+        assert server.attributes["unwind.actor"] == ACTOR
+        assert server.attributes["unwind.run"] == "shared-node-3"
+        children = receiver.wait(lambda s: s.parent_id == server.span_id and s.kind == "CLIENT"
+                                 and len([c for c in receiver.spans if c.parent_id == server.span_id]) >= 3, 30)
+        assert "POST github.create_comment" in {c.name for c in children}
+        [entry] = entries(api, "shared-node-3")  # what its undo Jobs would continue
+        assert entry["traceparent"] == f"00-{trace}-{server.span_id}-01"
+    finally:
+        receiver.close()

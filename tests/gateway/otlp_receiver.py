@@ -38,6 +38,7 @@ def _value(v: Any) -> Any:
 class Receiver:
     port: int = field(default_factory=free_port)
     spans: list[Span] = field(default_factory=list)
+    host: str = "127.0.0.1"  # the real-node tests bind the node's bridge address
 
     def __post_init__(self) -> None:
         self.loop = asyncio.new_event_loop()
@@ -47,14 +48,14 @@ class Receiver:
 
     @property
     def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://{self.host}:{self.port}"
 
     async def _start(self) -> None:
         app = web.Application()
         app.router.add_post("/v1/traces", self._traces)
         self.runner = web.AppRunner(app)
         await self.runner.setup()
-        await web.TCPSite(self.runner, "127.0.0.1", self.port).start()
+        await web.TCPSite(self.runner, self.host, self.port).start()
 
     async def _traces(self, request: web.Request) -> web.Response:
         message = ExportTraceServiceRequest()
