@@ -7,6 +7,9 @@ from typing import Any, Literal, Union, get_args, get_origin
 
 from pydantic import BaseModel
 
+# fields whose strings must match a pattern: a value that does
+PATTERNED = {"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}
+
 
 def _container(tp: Any) -> bool:
     origin, args = get_origin(tp), get_args(tp)
@@ -30,6 +33,6 @@ def value_for(tp: Any, mode: str) -> Any:
     if origin is list:
         return [value_for(args[0], mode)]
     if isinstance(tp, type) and issubclass(tp, BaseModel):
-        return {name: value_for(f.annotation, mode) for name, f in tp.model_fields.items()
-                if f.is_required() or mode == "full" or (mode == "skeleton" and _container(f.annotation))}
+        return {name: PATTERNED[name] if name in PATTERNED else value_for(f.annotation, mode)
+                for name, f in tp.model_fields.items() if f.is_required() or mode == "full" or (mode == "skeleton" and _container(f.annotation))}
     return {str: "x", int: 1, bool: True, float: 1.0}[tp]
