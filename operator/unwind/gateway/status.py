@@ -58,7 +58,7 @@ async def _handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
         head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), _READ_TIMEOUT_S)
         writer.write(respond(head.split(b"\r\n", 1)[0], ready))
         await writer.drain()
-    except (asyncio.TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError,
+    except (TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError,
             ConnectionError):
         pass  # a slow, cut or oversized request gets no answer: it is not the kubelet
     finally:
