@@ -13,13 +13,13 @@ from unwind.operator.inject import (
     DEFAULT_API_AUDIENCES,
     SA_TOKEN_PATH,
     Sidecar,
+    gateway_parts,
     header_secrets,
     inject,
     isolation_problems,
     native_sidecars,
     server_version,
 )
-from unwind.operator.inject import gateway_parts
 from unwind.operator.injected import isolation_of
 from unwind.registry.signing import TrustStore
 
