@@ -438,3 +438,85 @@ def test_pod_security_restricted_refuses_an_agent_that_breaks_it_and_names_the_a
     kubectl(kc, "apply", "-f", "-", input_text=yaml.safe_dump({**pod, "metadata": {**pod["metadata"], "name": "restricted"},
             "spec": {**pod["spec"], "containers": [{**pod["spec"]["containers"][0], "securityContext": RESTRICTED}]}}))
     assert finished(api, "code-hosting", "restricted") == "Succeeded"
+
+
+CALLS_AROUND_A_RESTART = """
+import json, time, urllib.error, urllib.request
+def call():
+    body = json.dumps({"arguments": {"repo": "octo/hello", "issue": 7, "client_id": "%(name)s",
+                                     "body": "once, whatever restarts"}}).encode()
+    req = urllib.request.Request("http://127.0.0.1:8787/call/github.create_comment", data=body, method="POST",
+                                 headers={"Content-Type": "application/json", "Idempotency-Key": "restart-1"})
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return r.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+print("FIRST", call(), flush=True)
+while not __import__("os").path.exists("/tmp/again"):
+    time.sleep(0.5)
+for _ in range(120):  # the agent's rule: retry the same key while the gateway is away
+    try:
+        print("AGAIN", call(), flush=True)
+        break
+    except OSError as exc:
+        print("AWAY", type(exc).__name__, flush=True)
+        time.sleep(1)
+time.sleep(3600)
+"""
+
+
+def test_the_gateways_probes_are_http_gets_its_status_port_answers_only_health_and_a_restart_runs_nothing_twice(
+        kc: Path, api: client.ApiClient, manifests: None) -> None:
+    demo = [d for d in yaml.safe_load_all((ROOT / "examples" / "demo-agent.yaml").read_text()) if d]
+    template = demo[-1]
+    name = f"restart-{uuid.uuid4().hex[:6]}"
+    pod = {"apiVersion": "v1", "kind": "Pod",
+           "metadata": {"name": name, "namespace": "code-hosting", "labels": template["metadata"]["labels"],
+                        "annotations": {"unwind.dev/run": name}},
+           "spec": {**template["spec"], "restartPolicy": "Never", "containers": [{
+               **template["spec"]["containers"][0], "env": [],
+               "command": ["python", "-c", CALLS_AROUND_A_RESTART % {"name": name}]}]}}
+    kubectl(kc, "apply", "-f", "-", input_text=yaml.safe_dump_all([*demo_account(), pod]))
+    core = client.CoreV1Api(api)
+    try:
+        def ready() -> Any:
+            p = core.read_namespaced_pod(name, "code-hosting")
+            return p if any(c.type == "Ready" and c.status == "True" for c in p.status.conditions or []) else None
+
+        live = wait_for(f"pod {name} Ready", ready, timeout=120)
+        (sidecar,) = live.spec.init_containers
+        for probe in (sidecar.startup_probe, sidecar.readiness_probe, sidecar.liveness_probe):
+            assert probe._exec is None and probe.http_get.port == 8788, probe
+        base = f"http://{live.status.pod_ip}:8788"
+        with urllib.request.urlopen(f"{base}/readyz", timeout=5) as r:
+            assert r.status == 200
+        for path, data in (("/call/github.create_comment", b"{}"), ("/metrics", None), (f"/calls/{name}/restart-1", None)):
+            with pytest.raises(urllib.error.HTTPError) as refused:
+                urllib.request.urlopen(urllib.request.Request(base + path, data=data), timeout=5)
+            assert refused.value.code == 404, path
+        logs = wait_for("the first call", lambda: "FIRST" in (out := kubectl(
+            kc, "-n", "code-hosting", "logs", name, "-c", "agent", check=False)) and out, timeout=60)
+        assert "FIRST 200" in logs, logs
+        # the gateway's PID 1 ends (SIGTERM; SIGKILL from inside its own PID namespace is ignored)
+        kubectl(kc, "-n", "code-hosting", "exec", name, "-c", CONTAINER, "--",
+                "python", "-c", "import os, signal; os.kill(1, signal.SIGTERM)")
+        kubectl(kc, "-n", "code-hosting", "exec", name, "-c", "agent", "--", "touch", "/tmp/again")
+        restarted = wait_for("the gateway restarted and Ready again", lambda: (
+            (s := core.read_namespaced_pod(name, "code-hosting")).status.init_container_statuses[0].restart_count >= 1
+            and ready() and s), timeout=120)
+        assert restarted.status.init_container_statuses[0].restart_count == 1
+        logs = wait_for("the retry", lambda: "AGAIN" in (out := kubectl(
+            kc, "-n", "code-hosting", "logs", name, "-c", "agent", check=False)) and out, timeout=90)
+        # the repeat under the same key is the entry already made: 409 duplicate, nothing run again
+        assert "AGAIN 409" in logs, logs
+        made = [r for r in upstream_requests() if r.get("route") == "comments.create"
+                and r["arguments"].get("client_id") == name]
+        ledger = json.loads(kubectl(kc, "-n", "code-hosting", "get", "ledger", name, "-o", "json"))
+        entries = ledger["status"]["entries"]
+        # the repeat is recorded as a refusal of its own (a ULID), the call itself once
+        assert [(e["id"], e["state"]) for e in entries if e["state"] != "refused"] == [("restart-1", "succeeded")]
+        assert [e["error"]["code"] for e in entries if e["state"] == "refused"] == ["duplicate"], entries
+        assert len(made) == 1, made
+    finally:
+        core.delete_namespaced_pod(name, "code-hosting", grace_period_seconds=0)

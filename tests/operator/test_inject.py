@@ -13,6 +13,7 @@ from unwind.operator.inject import (
     DEFAULT_API_AUDIENCES,
     SA_TOKEN_PATH,
     Sidecar,
+    gateway_parts,
     header_secrets,
     inject,
     isolation_problems,
@@ -64,9 +65,9 @@ def test_the_gateway_joins_the_pod_with_its_scopes_run_and_actor() -> None:
     assert env["UNWIND_ACTOR"] == "system:serviceaccount:shop:agent"
     assert env["UNWIND_RUN"] == {"fieldRef": {"fieldPath": "metadata.name"}}
     assert gateway["image"] == "registry.example/unwind:0.1.0"
-    assert gateway["command"][-2:] == ["--listen", "127.0.0.1:8787"]
+    assert gateway["command"][-4:] == ["--listen", "127.0.0.1:8787", "--status-listen", "0.0.0.0:8788"]
     assert gateway["securityContext"]["readOnlyRootFilesystem"] is True
-    assert gateway["resources"]["limits"]["memory"] == "128Mi"
+    assert gateway["resources"]["limits"]["memory"] == "256Mi"
 
 
 def test_the_agents_own_containers_keep_no_token_and_no_upstream_secret() -> None:
@@ -230,8 +231,8 @@ NATIVE = Sidecar("registry.example/unwind:0.1.0", "unwind-system", native=True)
 
 
 def probe(path: str, **timing: int) -> dict[str, Any]:
-    return {"exec": {"command": ["unwind", "probe", f"http://127.0.0.1:8787/{path}"]},
-            "periodSeconds": 5, "timeoutSeconds": 3, "failureThreshold": 3, **timing}
+    return {"httpGet": {"path": f"/{path}", "port": 8788, "scheme": "HTTP"},
+            "periodSeconds": 10, "timeoutSeconds": 2, "failureThreshold": 3, **timing}
 
 
 def test_from_1_29_the_gateway_is_a_native_sidecar_before_the_pods_own_init_containers() -> None:
@@ -243,7 +244,9 @@ def test_from_1_29_the_gateway_is_a_native_sidecar_before_the_pods_own_init_cont
     secret_mount = next(m for m in gateway["volumeMounts"] if m["mountPath"] == "/etc/unwind/secrets/stripe-key")
     assert gateway == {
         "name": "unwind-gateway", "image": "registry.example/unwind:0.1.0", "imagePullPolicy": "IfNotPresent",
-        "command": ["unwind", "gateway", "--cluster", "--listen", "127.0.0.1:8787"],
+        "command": ["unwind", "gateway", "--cluster", "--listen", "127.0.0.1:8787",
+                    "--status-listen", "0.0.0.0:8788"],
+        "ports": [{"name": "unwind-status", "containerPort": 8788, "protocol": "TCP"}],
         "env": [
             {"name": "UNWIND_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
             {"name": "UNWIND_OPERATOR_NAMESPACE", "value": "unwind-system"},
@@ -257,14 +260,14 @@ def test_from_1_29_the_gateway_is_a_native_sidecar_before_the_pods_own_init_cont
                          {"name": "unwind-tmp", "mountPath": "/tmp"},
                          {"name": secret_mount["name"], "mountPath": "/etc/unwind/secrets/stripe-key",
                           "readOnly": True}],
-        "resources": {"requests": {"cpu": "50m", "memory": "64Mi"}, "limits": {"cpu": "500m", "memory": "128Mi"}},
-        "readinessProbe": probe("readyz"),
-        "livenessProbe": probe("healthz", initialDelaySeconds=10),
+        "resources": {"requests": {"cpu": "100m", "memory": "96Mi"}, "limits": {"cpu": "1", "memory": "256Mi"}},
+        "readinessProbe": probe("readyz", periodSeconds=5),
+        "livenessProbe": probe("healthz"),
         "securityContext": {"runAsNonRoot": True, "runAsUser": 65532, "readOnlyRootFilesystem": True,
                             "allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
                             "seccompProfile": {"type": "RuntimeDefault"}},
         "restartPolicy": "Always",
-        "startupProbe": probe("readyz", periodSeconds=2, failureThreshold=60),
+        "startupProbe": probe("readyz", periodSeconds=1, failureThreshold=120),
     }
     assert inject(out, "shop", "shop:read", {"stripe-key"}, NATIVE) == []  # idempotent
     assert inject(out, "shop", "shop:read", {"stripe-key"}, SIDECAR) == []  # whichever form finds it
@@ -529,3 +532,15 @@ def test_isolation_reads_any_shape_of_pod_without_crashing() -> None:
                         {"spec": {"initContainers": [{"env": [{"valueFrom": None}]}]}}]
     for p in weird:
         assert isolation_problems(p, {"s"}) == []
+
+
+def test_the_gateways_probes_are_http_gets_on_the_status_port_not_processes_in_its_cgroup() -> None:
+    for sidecar in (SIDECAR, NATIVE):
+        container, _ = gateway_parts(pod(), "shop", "x", set(), sidecar)
+        probes = [container[k] for k in ("readinessProbe", "livenessProbe", "startupProbe") if k in container]
+        assert len(probes) == (3 if sidecar.native else 2)
+        assert all(set(p) - {"periodSeconds", "timeoutSeconds", "failureThreshold", "initialDelaySeconds"}
+                   == {"httpGet"} and p["httpGet"]["port"] == 8788 for p in probes)
+        assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+        # the agent's door stays on loopback; only the status port is on the pod's address
+        assert container["command"][-4:] == ["--listen", "127.0.0.1:8787", "--status-listen", "0.0.0.0:8788"]

@@ -12,6 +12,7 @@ approvals write the decision into the ledger file; the approver's identity is wh
 from __future__ import annotations
 
 import argparse
+import asyncio
 import getpass
 import json
 import logging
@@ -25,10 +26,10 @@ from typing import Any, Literal
 DEFAULT_LISTEN = "127.0.0.1:8787"
 
 
-def _listen(text: str) -> tuple[str, int]:
+def _listen(text: str, flag: str = "--listen") -> tuple[str, int]:
     host, sep, port = text.rpartition(":")
     if not sep or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError(f"--listen {text}: give HOST:PORT, e.g. {DEFAULT_LISTEN}")
+        raise ValueError(f"{flag} {text}: give HOST:PORT, e.g. {DEFAULT_LISTEN}")
     return host.strip("[]") or "127.0.0.1", int(port)
 
 
@@ -51,7 +52,18 @@ def cmd_gateway(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    try:
+        status = _listen(args.status_listen, "--status-listen") if args.status_listen else None
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     taken = cannot_listen(host, port)
+    if not taken and status is not None:
+        taken = cannot_listen(*status)
+        if taken:
+            print(f"error: --status-listen {args.status_listen}: cannot listen on {status[0]}:"
+                  f"{status[1]}: {taken}", file=sys.stderr)
+            return 1
     if taken:  # before anything is loaded: a client must not quietly reach another gateway
         print(f"error: --listen {args.listen}: cannot listen on {host}:{port}: {taken} (another "
               "gateway left running? stop it, or give --listen HOST:PORT)", file=sys.stderr)
@@ -111,8 +123,24 @@ def cmd_gateway(args: argparse.Namespace) -> int:
     config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,
                             lifespan="on", timeout_graceful_shutdown=5)
     servers.append(uvicorn.Server(config))
-    servers[0].run()
+    if status is None:
+        servers[0].run()
+    else:
+        with asyncio.Runner(loop_factory=config.get_loop_factory()) as runner:  # as Server.run
+            runner.run(_serve_with_status(servers[0], gateway, status))
     return 0
+
+
+async def _serve_with_status(server: Any, gateway: Any, status: tuple[str, int]) -> None:
+    """The gateway's server, and beside it the probes' status port (gateway/status.py):
+    ready once the server listens and the bundle is loaded."""
+    from ..gateway import status as status_port
+
+    listener = await status_port.start(*status, lambda: bool(server.started and gateway.catalogue.ready))
+    try:
+        await server.serve()
+    finally:
+        listener.close()
 
 
 def cannot_listen(host: str, port: int) -> str | None:
@@ -424,6 +452,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    "(created if missing; must be writable)")
     p.add_argument("--listen", default=DEFAULT_LISTEN, metavar="HOST:PORT",
                    help=f"where to listen (default {DEFAULT_LISTEN})")
+    p.add_argument("--status-listen", metavar="HOST:PORT", help="also listen here for the "
+                   "kubelet's probes: GET /healthz and /readyz only, nothing else (the injection "
+                   "gives 0.0.0.0:8788; default: none)")
     p.add_argument("--rewrite-upstream", action="append", metavar="FROM=TO",
                    help="local mode: call TO instead of an upstream URL that starts with FROM (repeatable), "
                    "e.g. http://10.0.0.88:8788=http://127.0.0.1:8788 runs the cluster's examples against "

@@ -66,6 +66,7 @@ INJECTED_ANNOTATION = "unwind.dev/injected"
 TOKEN_DIR = "/var/run/secrets/unwind"
 SECRETS_DIR = "/etc/unwind/secrets"
 PORT = 8787
+STATUS_PORT = 8788  # the probes' port (gateway/status.py): /healthz and /readyz, nothing else
 TOKEN_VOLUME, TMP_VOLUME, SECRET_VOLUME_PREFIX = "unwind-token", "unwind-tmp", "unwind-s-"
 
 
@@ -77,8 +78,10 @@ class Sidecar:
     operator_namespace: str
     pull_policy: str = "IfNotPresent"
     command: tuple[str, ...] = ("unwind", "gateway", "--cluster")
-    cpu: tuple[str, str] = ("50m", "500m")
-    memory: tuple[str, str] = ("64Mi", "128Mi")
+    # Small requests, so the pod fits on its agent's node; limits that do not throttle the
+    # gateway under a burst of calls (each is ~0.65 ms of CPU) or kill it for a page of ledger
+    cpu: tuple[str, str] = ("100m", "1")
+    memory: tuple[str, str] = ("96Mi", "256Mi")
     native: bool = False  # a native sidecar (Kubernetes >= 1.29), else a plain container
 
 
@@ -146,8 +149,10 @@ SECURITY_CONTEXT: dict[str, Any] = {
 
 
 def _probe(path: str, **timing: int) -> dict[str, Any]:
-    return {"exec": {"command": ["unwind", "probe", f"http://127.0.0.1:{PORT}/{path}"]},
-            "periodSeconds": 5, "timeoutSeconds": 3, "failureThreshold": 3, **timing}
+    # httpGet to the status port: the kubelet's own GET, no process in the gateway's cgroup
+    # (an exec of `unwind probe` cost 0.5 s of CPU a probe, and got the gateway killed)
+    return {"httpGet": {"path": f"/{path}", "port": STATUS_PORT, "scheme": "HTTP"},
+            "periodSeconds": 10, "timeoutSeconds": 2, "failureThreshold": 3, **timing}
 
 
 def gateway_container(sidecar: Sidecar, env: list[dict[str, Any]],
@@ -155,20 +160,24 @@ def gateway_container(sidecar: Sidecar, env: list[dict[str, Any]],
     """The gateway's container in the form ``sidecar.native`` says (see the module's doc)."""
     container: dict[str, Any] = {
         "name": CONTAINER, "image": sidecar.image, "imagePullPolicy": sidecar.pull_policy,
-        "command": [*sidecar.command, "--listen", f"127.0.0.1:{PORT}"],
+        "command": [*sidecar.command, "--listen", f"127.0.0.1:{PORT}",
+                    "--status-listen", f"0.0.0.0:{STATUS_PORT}"],
+        "ports": [{"name": "unwind-status", "containerPort": STATUS_PORT, "protocol": "TCP"}],
         "env": env if sidecar.native else [*env, {"name": QUIT_ENV, "value": "1"}],
         "volumeMounts": mounts,
         "resources": {"requests": {"cpu": sidecar.cpu[0], "memory": sidecar.memory[0]},
                       "limits": {"cpu": sidecar.cpu[1], "memory": sidecar.memory[1]}},
-        "readinessProbe": _probe("readyz"),
-        "livenessProbe": _probe("healthz", initialDelaySeconds=10),
+        "readinessProbe": _probe("readyz", periodSeconds=5),
+        # liveness: 3 misses in a row, 30 s, before a restart; the startup probe (native) or
+        # the delay (plain container) covers the start
+        "livenessProbe": _probe("healthz", **({} if sidecar.native else {"initialDelaySeconds": 10})),
         "securityContext": copy.deepcopy(SECURITY_CONTEXT),
     }
     if sidecar.native:
         # the pod's next init container, and so its agent, starts once this succeeds: the
         # gateway has its bundle (2 minutes, then the kubelet restarts it)
         container["restartPolicy"] = "Always"
-        container["startupProbe"] = _probe("readyz", periodSeconds=2, failureThreshold=60)
+        container["startupProbe"] = _probe("readyz", periodSeconds=1, failureThreshold=120)
     return container
 
 
