@@ -99,3 +99,16 @@ def test_a_namespaces_own_rate_limits_replace_the_charts_and_a_bad_one_is_refuse
         "tool": {"requests": 5, "per": "1m"}}
     with pytest.raises(ValueError, match="rate-limits"):
         desired("payments", {**ON, LIMITS_ANNOTATION: '{"tool": {"requests": 0}}'}, SETTINGS, [])
+
+
+def test_the_shared_gateways_probes_ask_a_port_its_command_listens_on() -> None:
+    # the probes are the kubelet's GETs on the status port; a port nothing listens on
+    # would restart every replica at its first liveness failure
+    pod = by_kind(desired("payments", ON, SETTINGS, []))["Deployment/unwind-gateway"]
+    container = pod["spec"]["template"]["spec"]["containers"][0]
+    command = container["command"]
+    listened = {int(command[i + 1].rsplit(":", 1)[1]) for i, arg in enumerate(command)
+                if arg in ("--listen", "--metrics-listen", "--status-listen")}
+    for probe in ("readinessProbe", "livenessProbe"):
+        assert container[probe]["httpGet"]["port"] in listened
+    assert command[command.index("--status-listen") + 1] == "0.0.0.0:8788"

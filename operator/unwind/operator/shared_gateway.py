@@ -28,7 +28,15 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .inject import CONTAINER, SECRETS_DIR, SECURITY_CONTEXT, TOKEN_DIR, _probe, _volume_name
+from .inject import (
+    CONTAINER,
+    SECRETS_DIR,
+    SECURITY_CONTEXT,
+    STATUS_PORT,
+    TOKEN_DIR,
+    _probe,
+    _volume_name,
+)
 
 NAME = "unwind-gateway"
 ANNOTATION = "unwind.dev/shared-gateway"
@@ -142,7 +150,9 @@ def _deployment(namespace: str, s: SharedSettings, secrets: list[str],
              f"{NAME}.{namespace}.svc.cluster.local"]
     auth = "kubernetes,oauth" if s.oauth else "kubernetes"
     command = ["unwind", "gateway", "--cluster", "--listen", f"0.0.0.0:{PORT}", "--auth", auth,
-               "--audience", s.audience, "--metrics-listen", f"0.0.0.0:{METRICS_PORT}"]
+               "--audience", s.audience, "--metrics-listen", f"0.0.0.0:{METRICS_PORT}",
+               # the probes' port, as in the sidecar: the kubelet's GET needs no token
+               "--status-listen", f"0.0.0.0:{STATUS_PORT}"]
     if "rate-limits.json" in config:
         command += ["--rate-limits", f"{CONFIG_DIR}/rate-limits.json"]
     if "oauth.json" in config:
@@ -173,7 +183,8 @@ def _deployment(namespace: str, s: SharedSettings, secrets: list[str],
         "name": CONTAINER, "image": s.image, "imagePullPolicy": s.pull_policy,
         "command": command, "env": env, "volumeMounts": mounts,
         "ports": [{"name": "http", "containerPort": PORT},
-                  {"name": "metrics", "containerPort": METRICS_PORT}],
+                  {"name": "metrics", "containerPort": METRICS_PORT},
+                  {"name": "unwind-status", "containerPort": STATUS_PORT, "protocol": "TCP"}],
         "resources": {"requests": {"cpu": s.cpu[0], "memory": s.memory[0]},
                       "limits": {"cpu": s.cpu[1], "memory": s.memory[1]}},
         "readinessProbe": _probe("readyz"), "livenessProbe": _probe("healthz",
