@@ -118,7 +118,7 @@ def test_a_call_answers_with_the_report_and_its_entry_is_pending_in_the_effectle
     comment_id = r.json()["id"]
     assert report(r) == {
         "class": "reversible", "tool": "github.create_comment",
-        "idempotency_key": "comment-octo/hello-7-c1",
+        "idempotency_key": f"{run_name}:comment-octo/hello-7-c1",  # scope run: the run is in it
         "undo": {"kind": "inverse", "tool": "github.delete_comment",
                  "arguments": {"repo": "octo/hello", "comment_id": comment_id}},
         "undo_unavailable": None, "deadline_ms": 86_400_000, "lookup": None,

@@ -89,7 +89,7 @@ class Replica:
     def __init__(self, cp: ControlPlane, dep: dict[str, Any], token: str, config: dict[str, str],
                  work: Path) -> None:
         container = dep["spec"]["template"]["spec"]["containers"][0]
-        self.port, metrics = free_port(), free_port()
+        self.port, metrics, status = free_port(), free_port(), free_port()
         folder = work / f"replica-{self.port}"
         (folder / "config").mkdir(parents=True)
         for key, text in config.items():
@@ -97,7 +97,8 @@ class Replica:
         (folder / "token").write_text(token)
         command = [a.replace("/etc/unwind/gateway", str(folder / "config"))
                    .replace("0.0.0.0:8787", f"127.0.0.1:{self.port}")
-                   .replace("0.0.0.0:9464", f"127.0.0.1:{metrics}") for a in container["command"]]
+                   .replace("0.0.0.0:9464", f"127.0.0.1:{metrics}")
+                   .replace("0.0.0.0:8788", f"127.0.0.1:{status}") for a in container["command"]]
         assert command[:2] == ["unwind", "gateway"]
         variables = {e["name"]: e["value"] for e in container["env"] if "value" in e}
         host, _, port = cp.server.removeprefix("https://").rpartition(":")

@@ -324,10 +324,11 @@ class RollbackWorker:
                     entries.append(Entry.model_validate(raw))
                 except ValidationError:
                     continue  # a malformed entry is reported by `kubectl unwind plan`
-        # a lost answer, or a call its gateway never finished (killed, restarted) whose deadline
-        # has passed: the timer's lookup settles both (an event for a pending entry does not
-        # start a pass: before its deadline it may be in flight, and most are a moment later)
-        uncertain = any(e.state == "uncertain" or rules.may_look_up(e, now) for e in entries)
+        # a lost answer: the timer's lookup settles it. A pending entry (its gateway stopped
+        # during the call) is left to a rollback's plan, which first asks whether its key's
+        # lock ever named it: a lookup alone would find another entry's effect by the key and
+        # have it undone twice (the simulation's seed 569)
+        uncertain = any(e.state == "uncertain" for e in entries)
         fenced = sum(1 for p in ledger.pages if (p.get("status") or {}).get("fence"))
         # LIVE is counted from the entries on every change seen, not only on the timer
         stale_live = len(live_entries(entries)) != status.get("live")

@@ -37,8 +37,7 @@ The order (docs/rollback.md, "In the cluster"):
    (``--entry``, ``--since``) whose run has other live effects reads ``RolledBack=False``,
    reason ``PartiallyRolledBack``. ``status.live`` (the LIVE column) counts the live entries.
 
-Outside a rollback, ``uncertain`` entries (the answer was lost), and ``pending`` ones past
-their deadline (the gateway stopped during the call), are looked up on a timer
+Outside a rollback, ``uncertain`` entries (the answer was lost) are looked up on a timer
 through their manifest's lookup, each attempt a Job, and become ``succeeded`` (found, with
 the handle completed from the answer) or ``failed`` (404: it never happened).
 """
@@ -805,7 +804,7 @@ class _Pass:
             return  # the rollback's own lookup steps do it
         started = 0
         for entry in list(self.entries.values()):
-            if entry.state not in rules.LOOKUP_STATES or started >= self.ctx.parallelism \
+            if entry.state != "uncertain" or started >= self.ctx.parallelism \
                     or not rules.may_look_up(entry, self.ctx.now):
                 continue  # (before its deadline the upstream may still apply the call)
             record = dict((entry.undo or {}).get("lookup") or {})
