@@ -131,3 +131,13 @@ def test_one_effect_is_undone_once_when_a_killed_duplicates_entry_is_rolled_back
     result = run(1, kind="file", body=_killed_duplicate,
                  script=Script(store={"update run-b/e2": 30.0}))
     assert result.ok, report(result)
+
+
+def test_a_pending_entry_that_never_called_is_not_looked_up_outside_a_rollback() -> None:
+    # seed 569 (cluster store): a call's write-ahead applied with its answer lost (503), the
+    # key held by an earlier entry of the run; a lookup timer that also took pending entries
+    # found that entry's charge by the key and the rollback refunded it twice
+    result = run(569)
+    assert result.ok, report(result)
+    assert result.kind == "cluster"
+    assert sum("upstream pay.refund {charge_id:pay-2}" in line for line in result.trace) == 1
