@@ -33,11 +33,11 @@ import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Protocol
 
 from ..manifest.durations import parse_duration
 from ..upstream.errors import Refusal
+from .settings_text import read_settings
 
 log = logging.getLogger("unwind.gateway.ratelimit")
 STORE_TIMEOUT_S = 0.25
@@ -110,18 +110,8 @@ class LimitsConfig:
 
     @classmethod
     def load(cls, text_or_path: str) -> LimitsConfig:
-        text, where = text_or_path.strip(), "UNWIND_RATE_LIMITS"
-        if not text.startswith("{"):
-            where = text
-            try:
-                text = Path(text).read_text(encoding="utf-8")
-            except OSError as exc:
-                raise LimitsConfigError(f"--rate-limits {where}: {exc.strerror or exc}") from None
-        try:
-            import yaml
-            data = yaml.safe_load(text)
-        except Exception as exc:
-            raise LimitsConfigError(f"{where}: not JSON or YAML: {exc}") from None
+        data, where = read_settings(text_or_path, "UNWIND_RATE_LIMITS", "--rate-limits",
+                                    LimitsConfigError)
         return cls.parse(data, where)
 
     def buckets(self, namespace: str, actor: str, tool: str) -> list[Bucket]:

@@ -30,13 +30,13 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 import aiohttp
 
 from ...upstream.errors import Refusal
+from ..settings_text import read_settings
 from . import AuthFailure, Caller, peek_claims, quoted, unauthorized
 from .tokenreview import TtlCache
 
@@ -120,19 +120,7 @@ class OAuthConfig:
     @classmethod
     def load(cls, text_or_path: str) -> OAuthConfig:
         """From JSON text, or a JSON or YAML file's path."""
-        text = text_or_path.strip()
-        where = "UNWIND_OAUTH"
-        if not text.startswith("{"):
-            where = text
-            try:
-                text = Path(text).read_text(encoding="utf-8")
-            except OSError as exc:
-                raise OAuthConfigError(f"--oauth-config {where}: {exc.strerror or exc}") from None
-        try:
-            import yaml
-            data = yaml.safe_load(text)
-        except Exception as exc:
-            raise OAuthConfigError(f"{where}: not JSON or YAML: {exc}") from None
+        data, where = read_settings(text_or_path, "UNWIND_OAUTH", "--oauth-config", OAuthConfigError)
         return cls.parse(data, where)
 
     @property
