@@ -43,7 +43,7 @@ EXPECTED_CLUSTER_RULES = {
     ("batch", "jobs"): {"get", "list", "watch", "create", "delete"},
     ("", "pods"): {"get", "list"},
     ("coordination.k8s.io", "leases"): {"get"},
-    ("", "events"): {"create", "patch"},
+    ("", "events"): {"create", "patch", "list"},  # list: why an undo pod cannot start
     ("events.k8s.io", "events"): {"create", "patch"},
 }
 # The gateway sidecar's rules (ClusterRole unwind-gateway, bound per namespace to agents).
@@ -463,6 +463,8 @@ def test_watching_some_namespaces_grants_configmaps_only_there(chart: Any) -> No
     assert rules_table(roles["payments"])[("", "configmaps")] == {"get", "list", "watch", "create", "update", "delete"}
     assert rules_table(roles["payments"])[("batch", "jobs")] == {"get", "list", "watch", "create", "delete"}
     assert rules_table(roles["payments"])[("", "pods")] == {"get", "list"}
+    assert rules_table(roles["payments"])[("", "events")] == {"list"}
+    assert rules_table(operator_role(objects))[("", "events")] == {"create", "patch"}
     assert ("batch", "jobs") not in rules_table(operator_role(objects))
     bindings = {o["metadata"]["namespace"] for o in objects if o["kind"] == "RoleBinding"
                 and o["metadata"]["name"] == "unwind-bundle"}

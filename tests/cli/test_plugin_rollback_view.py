@@ -149,3 +149,14 @@ def test_watch_says_what_a_fenced_rollback_waits_for_before_it_plans() -> None:
     planned = {"status": {"conditions": [{"type": "RollbackPlanned", "status": "True", "reason": "Planned",
                                           "observedGeneration": 3, "message": "frozen"}]}}
     assert waiting_line(planned, 3) is None
+
+
+def test_watch_says_which_step_cannot_start_and_why_from_the_rolled_back_condition() -> None:
+    def obj(reason: str, gen: int = 3) -> dict[str, Any]:
+        return {"status": {"conditions": [{"type": "RolledBack", "status": "False", "reason": reason,
+                                           "observedGeneration": gen, "message": "step 1 (c-1 inverse) "
+                                           "(Job j) cannot start: Secret 'tickets-api' not found"}]}}
+    line = view.stuck_line(obj("StepStuck"), 3)
+    assert line is not None and line.startswith("stuck: step 1") and "tickets-api" in line
+    assert view.stuck_line(obj("InProgress"), 3) is None
+    assert view.stuck_line(obj("StepStuck", gen=2), 3) is None  # a previous request's

@@ -450,3 +450,19 @@ def test_a_call_its_restarted_gateway_never_finished_is_not_looked_up_on_the_tim
     w.now += timedelta(hours=2)
     assert not w.step().jobs  # past its deadline too: no lookup outside a rollback
     assert w.entry("pay-5").state == "pending"
+
+
+def test_a_step_whose_pod_cannot_start_names_step_pod_and_cause_and_clears_once_it_runs(versions: Versions) -> None:
+    w = World(versions, story(versions))
+    name = w.step().jobs[0]["metadata"]["name"]
+    cause = "pod p-1: a volume cannot be mounted (FailedMount: ...): Secret 'tickets-api' not found; recreate it"
+    w.jobs[name] = JobView(name, "running", stuck=cause)
+    d = w.step()
+    rolled = w.condition("RolledBack")
+    assert rolled["reason"] == "StepStuck" and rolled["status"] == "False"
+    assert "step 1 (rel-1" in rolled["message"] and name in rolled["message"] and "tickets-api" in rolled["message"]
+    assert [e.reason for e in d.events] == ["StepStuck"]
+    assert [e.reason for e in w.step().events] == []  # said once, not on every pass
+    w.jobs[name] = JobView(name, "running")  # the Secret was recreated: the pod starts
+    w.step()
+    assert w.condition("RolledBack")["reason"] == "InProgress"

@@ -112,6 +112,10 @@ in each watched namespace's Role.
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["get", "list"]
+# Why an undo pod cannot start (a missing Secret, FailedMount) shows only in its Events.
+- apiGroups: [""]
+  resources: ["events"]
+  verbs: ["list"]
 # The rollback's planner reads who holds a pending entry's idempotency key (the gateways'
 # Leases unwind-key-<hash>): a call that never held it never ran (operator/jobs.py: holders).
 - apiGroups: ["coordination.k8s.io"]

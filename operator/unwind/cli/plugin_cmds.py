@@ -473,6 +473,7 @@ def _watch_rollback(k: Kubectl, target: Target, generation: int, timeout: float)
     seen: dict[int, str] = {}
     planned = False
     waited: str | None = None
+    stuck_said: str | None = None
     while True:
         obj = _read(k, target)
         waiting = view.waiting_line(obj, generation)
@@ -486,6 +487,10 @@ def _watch_rollback(k: Kubectl, target: Target, generation: int, timeout: float)
                 planned = True
             for line in view.step_lines(seen, rb):
                 print(line, flush=True)
+        stuck = view.stuck_line(obj, generation)
+        if stuck is not None and stuck != stuck_said:  # a step that cannot start is not silent
+            print(stuck, flush=True)
+        stuck_said = stuck
         done = view.rollback_done(obj, generation)
         if done is not None:
             ok, why = done

@@ -503,6 +503,15 @@ def planned_line(rollback: Mapping[str, Any]) -> str:
             f"{rollback.get('skipped') or 0} with nothing to undo" + (f"; {who}" if who else ""))
 
 
+def stuck_line(obj: Mapping[str, Any], generation: int) -> str | None:
+    """While a running step's pod cannot start (a missing Secret, an image, no node): what
+    the operator found, from the RolledBack condition (reason StepStuck)."""
+    rolled = conditions(obj).get("RolledBack", {})
+    if rolled.get("reason") != "StepStuck" or int(rolled.get("observedGeneration") or 0) < generation:
+        return None
+    return f"stuck: {rolled.get('message')}"
+
+
 def waiting_line(obj: Mapping[str, Any], generation: int) -> str | None:
     """While the operator waits for the run's calls in flight (the run fenced, nothing
     planned yet): what it waits for, from the RollbackPlanned condition."""

@@ -80,6 +80,7 @@ from .rollback import (
     decide,
     live_entries,
 )
+from .undo_pods import job_problem
 from .undojob import LEDGER_LABEL
 
 log = logging.getLogger("unwind.operator.rollback")
@@ -136,7 +137,8 @@ def _entries_of(page: dict[str, Any]) -> list[dict[str, Any]]:
     return list((page.get("status") or {}).get("entries") or [])
 
 
-def job_views(jobs: Iterable[dict[str, Any]], pods: Iterable[dict[str, Any]]) -> dict[str, JobView]:
+def job_views(jobs: Iterable[dict[str, Any]], pods: Iterable[dict[str, Any]],
+              events: Iterable[dict[str, Any]] = ()) -> dict[str, JobView]:
     """Each Job by name with the pods its controller made: a pod counts for a Job only when
     the Job is its controlling owner (by UID). Labels are anyone's to set: a pod someone
     labelled ``job-name`` with a hand-written termination message is not the step's result."""
@@ -145,10 +147,12 @@ def job_views(jobs: Iterable[dict[str, Any]], pods: Iterable[dict[str, Any]]) ->
         for ref in pod["metadata"].get("ownerReferences") or []:
             if ref.get("controller") and ref.get("kind") == "Job" and ref.get("uid"):
                 by_owner.setdefault(str(ref["uid"]), []).append(pod)
-    return {j["metadata"]["name"]: job_view(j, by_owner.get(str(j["metadata"].get("uid")), [])) for j in jobs}
+    events = list(events)
+    return {j["metadata"]["name"]: job_view(j, by_owner.get(str(j["metadata"].get("uid")), []), events)
+            for j in jobs}
 
 
-def job_view(job: dict[str, Any], pods: list[dict[str, Any]]) -> JobView:
+def job_view(job: dict[str, Any], pods: list[dict[str, Any]], events: Iterable[dict[str, Any]] = ()) -> JobView:
     """How a Job ended, and the message of its succeeded pod (else of its latest pod)."""
     name = job["metadata"]["name"]
     status = job.get("status") or {}
@@ -168,7 +172,8 @@ def job_view(job: dict[str, Any], pods: list[dict[str, Any]]) -> JobView:
                 break
         if message:
             break
-    return JobView(name, phase, message, why)
+    stuck = job_problem(pods, events) if phase == "running" else ""
+    return JobView(name, phase, message, why, stuck)
 
 
 class RollbackWorker:
@@ -221,8 +226,24 @@ class RollbackWorker:
                 yield found
 
     def jobs(self, namespace: str) -> dict[str, JobView]:
-        return job_views(pages(self.batch.list_namespaced_job, namespace, label_selector=LEDGER_LABEL),
-                         pages(self.core.list_namespaced_pod, namespace, label_selector=LEDGER_LABEL))
+        jobs = list(pages(self.batch.list_namespaced_job, namespace, label_selector=LEDGER_LABEL))
+        pods = list(pages(self.core.list_namespaced_pod, namespace, label_selector=LEDGER_LABEL))
+        # Events only while an undo pod has not started: a missing Secret shows nowhere else
+        waiting = any((p.get("status") or {}).get("phase") == "Pending" for p in pods)
+        return job_views(jobs, pods, self._pod_warnings(namespace) if waiting else [])
+
+    def _pod_warnings(self, namespace: str) -> list[dict[str, Any]]:
+        """The namespace's Warning Events about pods; none (logged) where the operator may not
+        list Events (a chart older than this rule): stuck pods then go unnamed, steps still run."""
+        try:
+            return list(pages(self.core.list_namespaced_event, namespace,
+                              field_selector="involvedObject.kind=Pod,type=Warning"))
+        except ApiException as exc:
+            if exc.status != 403:
+                raise
+            log.warning("namespace %s: may not list Events (%s): undo pods that cannot start are "
+                        "reported only by their container states", namespace, exc.reason)
+            return []
 
     def versions(self, namespace: str) -> Versions:
         """Every version recorded in the namespace by checksum (ControllerRevisions whose

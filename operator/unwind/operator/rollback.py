@@ -101,6 +101,7 @@ class Reason:
     WAITING_FOR_APPROVAL = "WaitingForApproval"
     ROLLED_BACK = "RolledBack"
     STEP_FAILED = "StepFailed"
+    STEP_STUCK = "StepStuck"  # a running step's pod cannot start (a missing Secret, an image, ...)
     CANCELLED = "Cancelled"
     NO_FAILURES = "NoFailures"
     PARTIALLY_ROLLED_BACK = "PartiallyRolledBack"  # every step ran; other effects still live
@@ -136,6 +137,7 @@ class JobView:
     phase: str  # running | succeeded | failed
     message: str | None = None  # the step runner's JSON line, when a pod wrote one
     why: str = ""  # a failed Job's condition (DeadlineExceeded, BackoffLimitExceeded)
+    stuck: str = ""  # why its pod cannot start or keeps dying (operator/undo_pods.py)
 
 
 @dataclass
@@ -785,6 +787,10 @@ class _Pass:
                     w = waiting[0]
                     put(ROLLED_BACK, "False", Reason.WAITING_FOR_APPROVAL, f"{self._label(w)} needs an "
                         f"Approval: kubectl unwind approve ledger/{self.ledger.name} --entry {w['entry']}{self._ns}")
+                elif stuck := self._stuck(running):
+                    if (get_condition(conds, ROLLED_BACK) or {}).get("message") != stuck:
+                        self._event("Warning", Reason.STEP_STUCK, stuck)
+                    put(ROLLED_BACK, "False", Reason.STEP_STUCK, stuck)
                 else:
                     names = ", ".join(self._label(s) for s in running[:5]) or "none"
                     put(ROLLED_BACK, "False", Reason.IN_PROGRESS,
@@ -795,6 +801,13 @@ class _Pass:
             put(DEGRADED, "False", Reason.NO_FAILURES, "no step failed")  # that one the reconcile clears
         if conds != self.ledger.conditions:
             self.out.status["conditions"] = clean(conds)
+
+    def _stuck(self, running: list[dict[str, Any]]) -> str:
+        """The running steps whose pods cannot start, each with its cause: named in the
+        condition so a step is not silent until its Job's deadline."""
+        found = [f"{self._label(s)} (Job {s.get('job')}) cannot start: {j.stuck}" for s in running
+                 if (j := self.jobs.get(str(s.get("job")))) is not None and j.stuck]
+        return "; ".join(found[:3]) + (f"; and {len(found) - 3} more" if len(found) > 3 else "")
 
     # ---- lost answers, on a timer -----------------------------------------------------
     def lookups(self) -> None:
