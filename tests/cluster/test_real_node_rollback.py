@@ -21,15 +21,18 @@ from __future__ import annotations
 
 import json
 import socket
+import subprocess
+import time
 import uuid
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 from kubernetes import client
-from test_real_node import RESTRICTED, api, dev, finished, kc, plugin  # noqa: F401 (fixtures)
+from test_real_node import RESTRICTED, ROOT, api, dev, finished, kc, plugin  # noqa: F401 (fixtures)
 
 from tests.rollback.pouchdb import AFTER_RUN, AGENT, BEFORE, PouchDB, manifests_for
 from unwind.cli.main import main
@@ -184,3 +187,61 @@ def test_a_document_changed_by_hand_is_kept_settled_by_a_person_and_the_settle_i
         e: (by[e]["by"], "b keeps the hand edit") for e in ("update-b-1", "create-b")}
     assert [r["request"]["reason"] for r in evidence["rollbacks"]] == ["the agent misbehaved", "the rest, b settled"]
     assert main(["ledger", "verify", str(tmp_path / "evidence.json"), "--trust", str(tmp_path / "evidence.pub")]) == 0
+
+
+STORE_SECRET = "records-store"
+
+
+def _with_remove_secret(store: PouchDB, on: bool) -> str:
+    """docs.remove (the creates' undo) sending a header from the Secret records-store: its
+    undo Jobs mount that Secret, as every undo of an upstream behind a credential does."""
+    specs = yaml.safe_load(manifests_for(store.url))
+    remove = next(s for s in specs if s["tool"] == "docs.remove")
+    if on:
+        remove["upstream"]["headers"] = {"X-Store-Token": {"secretKeyRef": {"name": STORE_SECRET, "key": "token"}}}
+    return yaml.safe_dump({"apiVersion": "unwind.dev/v1alpha1", "kind": "ToolManifest",
+                           "metadata": {"name": "docs.remove", "namespace": NS}, "spec": remove})
+
+
+def test_an_undo_whose_secret_was_deleted_is_named_within_15s_and_runs_once_the_secret_is_back(
+        kc: Path, api: client.ApiClient, store: PouchDB, records: None) -> None:  # noqa: F811
+    secret = ["-n", NS, "create", "secret", "generic", STORE_SECRET, "--from-literal=token=t0ken"]
+    kubectl(kc, *secret)
+    kubectl(kc, "apply", "-f", "-", input_text=_with_remove_secret(store, True))
+    kubectl(kc, "-n", NS, "wait", "--for=condition=Ready", "toolmanifest/docs.remove", "--timeout=120s")
+    try:
+        name = run_agent(kc, api, store)
+        kubectl(kc, "-n", NS, "delete", "secret", STORE_SECRET)  # someone deleted it mid-incident
+        watch = subprocess.Popen([str(ROOT / ".venv" / "bin" / "kubectl-unwind"), "rollback", f"ledger/{name}",
+                                  "-n", NS, "--reason", "the agent misbehaved", "--watch", "--timeout", "300s",
+                                  f"--kubeconfig={kc}"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        try:
+            deadline, rolled, seen = time.monotonic() + 180, {}, datetime.now(UTC)
+            while time.monotonic() < deadline:
+                obj = ledger_of(kc, name)
+                rolled = {c["type"]: c for c in obj["status"].get("conditions") or []}.get("RolledBack") or {}
+                seen = datetime.now(UTC)
+                if rolled.get("reason") == "StepStuck":
+                    break
+                time.sleep(1)
+            assert rolled.get("reason") == "StepStuck", rolled
+            assert f"Secret '{STORE_SECRET}' not found" in rolled["message"] and "remove" in rolled["message"], rolled
+            steps = [s for s in obj["status"]["rollback"]["steps"] if s.get("started")
+                     and s["job"] in rolled["message"]]
+            started = min(datetime.fromisoformat(s["started"]) for s in steps)
+            # lastTransitionTime moves only when the status flips (False stays False): the bound is
+            # from the step's own start stamp to the moment the ledger was read saying it
+            said = seen
+            assert (said - started).total_seconds() <= 15, (started, said)
+            kubectl(kc, *secret)  # the runbook's fix: the step then starts by itself
+            out, _ = watch.communicate(timeout=300)
+        finally:
+            if watch.poll() is None:
+                watch.kill()
+        assert watch.returncode == 0, out
+        assert "stuck: step" in out and STORE_SECRET in out, out
+        assert f"ledger/{name}: rolled back" in out, out
+        assert store.titles() == BEFORE
+    finally:
+        kubectl(kc, "apply", "-f", "-", input_text=_with_remove_secret(store, False))
+        kubectl(kc, "-n", NS, "delete", "secret", STORE_SECRET, "--ignore-not-found")
