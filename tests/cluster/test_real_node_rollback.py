@@ -233,6 +233,7 @@ def test_an_undo_whose_secret_was_deleted_is_named_within_15s_and_runs_once_the_
             # from the step's own start stamp to the moment the ledger was read saying it
             said = seen
             assert (said - started).total_seconds() <= 15, (started, said)
+            print(f"StepStuck named {(said - started).total_seconds():.1f}s after the step started")
             kubectl(kc, *secret)  # the runbook's fix: the step then starts by itself
             out, _ = watch.communicate(timeout=300)
         finally:
