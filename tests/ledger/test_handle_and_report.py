@@ -74,6 +74,28 @@ def test_the_report_has_exactly_the_documented_fields_and_the_undo() -> None:
     assert r["ledger"] == {"name": "run-1", "entry": "e1"}
 
 
+def test_an_undo_that_reads_the_current_revision_is_reported_with_the_read_not_as_unavailable() -> None:
+    # issue 30.1: $current is read right before the undo, so no answer holds it; the
+    # report said "the undo is unavailable: _rev: ... found nothing" of an undo that runs
+    from tests.rollback.revisions import TOOLS
+    update = TOOLS["docs.update"]
+    handle = build_handle(update, {"id": "a", "title": "final", "_rev": "1-a"},
+                          {"ok": True, "id": "a", "rev": "2-a"}, before={"_id": "a", "title": "draft"})
+    r = effect_report(update, outcome="succeeded", handle=handle, key_sent=None, key=None,
+                      ledger="run-1", entry="e1")
+    assert r["undo_unavailable"] is None
+    assert r["undo"] == {"kind": "inverse", "tool": "docs.restore",
+                         "arguments": {"id": "a", "title": "draft"},
+                         "current": {"tool": "docs.get", "arguments": {"id": "a"},
+                                     "fills": {"arguments._rev": "$current._rev"}}}
+    create = TOOLS["docs.create"]
+    handle = build_handle(create, {"id": "a", "title": "draft"}, {"ok": True, "id": "a", "rev": "1-a"})
+    undo = effect_report(create, outcome="succeeded", handle=handle, key_sent=None, key=None,
+                         ledger="run-1", entry="e1")["undo"]
+    assert undo["arguments"] == {"id": "a"}
+    assert undo["current"]["fills"] == {"headers.If-Match": "$current._rev"}
+
+
 def test_a_failed_call_reports_no_undo_but_keeps_the_lookup() -> None:
     r = report(CHARGE, "failed")
     assert r["undo"] is None and r["undo_unavailable"] is None

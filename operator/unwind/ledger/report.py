@@ -38,16 +38,27 @@ def undo_of(m: ToolManifest, handle: Handle | None, outcome: Outcome,
     if masked:
         return None, "the undo is unavailable: " + "; ".join(masked)
     h = handle or Handle()
+    # $current is read right before the undo runs, so no call's answer holds it: those
+    # arguments are named in undo.current.fills for whoever runs the undo, never "missing"
+    later = {k: v for k, v in c.argument_map.items() if parse_ref(v).root == "current"}
+    now = {k: v for k, v in c.argument_map.items() if k not in later}
     if outcome == "planned":  # a dry run: the answer's values are not known yet
-        known = {k: v for k, v in c.argument_map.items()
+        known = {k: v for k, v in now.items()
                  if parse_ref(v).root not in ("result", "before")}  # nor the capture's
         args, _ = resolve_map(known, h.args, h.result, key)
     else:
-        args, missing = resolve_map(c.argument_map, h.args, h.result, key, h.before)
+        args, missing = resolve_map(now, h.args, h.result, key, h.before)
         if missing:
             return None, "the undo is unavailable: " + "; ".join(missing)
     kind = "inverse" if c.kind == "inverse" else "compensate"
-    return {"kind": kind, "tool": c.tool, "arguments": args}, None
+    undo: dict[str, Any] = {"kind": kind, "tool": c.tool, "arguments": args}
+    if c.current is not None:
+        read, _ = resolve_map(c.current.arguments, h.args, h.result, key, h.before)
+        fills = {f"arguments.{k}": v for k, v in later.items()}
+        fills |= {f"headers.{k}": v for k, v in (c.headers or {}).items()
+                  if parse_ref(v).root == "current"}
+        undo["current"] = {"tool": c.current.tool, "arguments": read, "fills": fills}
+    return undo, None
 
 
 def deadline_ms(m: ToolManifest, handle: Handle | None, finished: str | None) -> int | None:
