@@ -11,7 +11,9 @@ check reads the store itself, never through Unwind.
   overlap; Jobs on different documents did);
 - a document changed by hand after the run is not overwritten (its undo is refused as
   diverged, the ledger Degraded); a person settles it with `kubectl unwind settle`, the rest
-  is rolled back, and the signed evidence holds both requests and the settles.
+  is rolled back, and the signed evidence holds both requests and the settles;
+- a gateway beside a long-lived agent is not killed while four undo Jobs run at once on this
+  two-core node: no restart, no failed probe, and it answers the agent afterwards.
 
 One node per machine: run under the machine's lock (`flock /tmp/unwind-node.lock`); this
 module's cluster is stopped before another module starts one.
@@ -31,6 +33,7 @@ from typing import Any
 
 import pytest
 import yaml
+from cluster_helpers import wait_for
 from kubernetes import client
 from test_real_node import RESTRICTED, ROOT, api, dev, finished, kc, plugin  # noqa: F401 (fixtures)
 
@@ -38,6 +41,7 @@ from tests.rollback.pouchdb import AFTER_RUN, AGENT, BEFORE, PouchDB, manifests_
 from unwind.cli.main import main
 from unwind.controlplane import kubenode
 from unwind.controlplane.dev import Started, kubectl
+from unwind.operator.inject import CONTAINER
 
 NS = "records"
 AGENT_ACCOUNT = "records-agent"
@@ -246,3 +250,103 @@ def test_an_undo_whose_secret_was_deleted_is_named_within_15s_and_runs_once_the_
     finally:
         kubectl(kc, "apply", "-f", "-", input_text=_with_remove_secret(store, False))
         kubectl(kc, "-n", NS, "delete", "secret", STORE_SECRET, "--ignore-not-found")
+
+
+# A long-lived agent (issue 27's 2): its calls, then it stays in its pod beside its gateway,
+# asking /readyz every second, as an agent waiting for its next task does, through the rollback
+# of what it did. Every answer it did not get is a DOWN line.
+LOAD_DOCS = 12  # different documents: twelve steps, none waiting for another, four at a time
+LOAD_AGENT = """
+import json, sys, time, urllib.request
+GW = "http://127.0.0.1:8787"
+for _ in range(200):
+    try:
+        urllib.request.urlopen(GW + "/readyz", timeout=2)
+        break
+    except OSError:
+        time.sleep(0.3)
+for i in range(int(sys.argv[1])):
+    req = urllib.request.Request(GW + "/call/docs.create", method="POST",
+                                 data=json.dumps({"arguments": {"id": f"load-{i}", "title": f"load {i}"}}).encode(),
+                                 headers={"Content-Type": "application/json", "Idempotency-Key": f"create-load-{i}"})
+    urllib.request.urlopen(req, timeout=60).read()
+print("CALLED", flush=True)
+while True:
+    try:
+        urllib.request.urlopen(GW + "/readyz", timeout=10).read()
+    except OSError as exc:
+        print("DOWN", time.strftime("%H:%M:%S"), exc, flush=True)
+    time.sleep(1)
+"""
+# After the rollback, through the same gateway: the rolled-back run refuses a new call (fenced),
+# the agent's next run (another X-Unwind-Run) is served.
+AFTER_ROLLBACK = """
+import json, sys, urllib.error, urllib.request
+def call(run, tool, key, **arguments):
+    req = urllib.request.Request("http://127.0.0.1:8787/call/" + tool, method="POST",
+                                 data=json.dumps({"arguments": arguments}).encode(),
+                                 headers={"Content-Type": "application/json", "Idempotency-Key": key,
+                                          "X-Unwind-Run": run})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as answer:
+            print(answer.status, json.dumps(json.loads(answer.read())))
+    except urllib.error.HTTPError as exc:
+        print(exc.code, json.dumps(json.loads(exc.read())))
+call(sys.argv[1], "docs.create", "create-late", id="late", title="late")
+call(sys.argv[1] + "-next", "docs.get", "read-kept", id="kept")
+"""
+
+
+def most_at_once(spans: list[tuple[datetime, datetime]]) -> int:
+    """The most spans holding one instant (each from its start, up to its end)."""
+    return max(sum(1 for s, e in spans if s <= start < e) for start, _ in spans)
+
+
+def test_a_gateway_beside_a_long_lived_agent_is_not_killed_while_four_undo_jobs_run_at_once(
+        kc: Path, api: client.ApiClient, store: PouchDB, records: None) -> None:  # noqa: F811
+    store.reset(BEFORE)
+    core = client.CoreV1Api(api)
+    name = f"steady-{uuid.uuid4().hex[:6]}"
+    kubectl(kc, "apply", "-f", "-", input_text=yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": NS, "labels": {"unwind.dev/inject": "true"}},
+        "spec": {"serviceAccountName": AGENT_ACCOUNT, "restartPolicy": "Never", "containers": [{
+            "name": "agent", "image": "unwind:dev", "command": ["python", "-c", LOAD_AGENT, str(LOAD_DOCS)],
+            "securityContext": dict(RESTRICTED)}]}}))
+    try:
+        wait_for(f"{name}'s calls", lambda: "CALLED" in kubectl(kc, "-n", NS, "logs", name, "-c", "agent",
+                                                               check=False), timeout=180)
+        assert set(store.titles()) == set(BEFORE) | {f"load-{i}" for i in range(LOAD_DOCS)}
+        rollback_began = datetime.now(UTC)
+        ran = plugin(kc, "rollback", f"ledger/{name}", "-n", NS, "--reason", "the agent misbehaved",
+                     "--watch", "--timeout", "300s")
+        assert ran.returncode == 0, ran.stdout + ran.stderr
+        assert f"ledger/{name}: rolled back: {LOAD_DOCS} steps ran" in ran.stdout, ran.stdout
+        assert store.titles() == BEFORE
+        jobs = client.BatchV1Api(api).list_namespaced_job(NS, label_selector=f"unwind.dev/ledger={name}").items
+        spans = [(j.status.start_time, j.status.completion_time) for j in jobs]
+        assert len(spans) == LOAD_DOCS and most_at_once(spans) >= 4, spans  # the load: four undo pods at once
+
+        pod = core.read_namespaced_pod(name, NS)
+        assert pod.status.phase == "Running", pod.status
+        (gateway,) = [c for c in pod.status.init_container_statuses if c.name == CONTAINER]
+        assert gateway.restart_count == 0 and gateway.ready and gateway.state.running, gateway
+        events = core.list_namespaced_event(NS, field_selector=f"involvedObject.name={name}").items
+        # no probe failed and nothing was killed; only the startup probe may have said 503 (the
+        # bundle not loaded yet), once a second while the gateway started, before any call
+        probes = [(e.reason, e.message, e.count, e.last_timestamp) for e in events
+                  if e.reason in ("Unhealthy", "Killing", "BackOff", "ProbeWarning")]
+        starting = [p for p in probes if p[0] == "Unhealthy" and p[1].startswith("Startup probe failed")]
+        assert set(probes) == set(starting) and all(p[3] < rollback_began for p in starting), probes
+        agent_log = kubectl(kc, "-n", NS, "logs", name, "-c", "agent")
+        assert "DOWN" not in agent_log, agent_log  # the agent never missed its gateway
+
+        after = kubectl(kc, "-n", NS, "exec", name, "-c", "agent", "--", "python", "-c", AFTER_ROLLBACK, name)
+        fenced, served = after.splitlines()
+        assert fenced.startswith("409 ") and json.loads(fenced[4:])["error"]["code"] == "rolled_back", after
+        assert served.startswith("200 ") and json.loads(served[4:])["title"] == "original", after
+        print(f"{len(spans)} undo Jobs, {most_at_once(spans)} at once, the rollback "
+              f"{(max(e for _, e in spans) - min(s for s, _ in spans)).total_seconds():.0f}s; "
+              f"gateway restarts 0, probe events {probes}")
+    finally:
+        kubectl(kc, "-n", NS, "delete", "pod", name, "--wait=false", check=False)
