@@ -38,6 +38,7 @@ from kubernetes import client
 from test_real_node import RESTRICTED, ROOT, api, dev, finished, kc, plugin  # noqa: F401 (fixtures)
 
 from tests.rollback.pouchdb import AFTER_RUN, AGENT, BEFORE, PouchDB, manifests_for
+from unwind.bundle import BUNDLE_NAME
 from unwind.cli.main import main
 from unwind.controlplane import kubenode
 from unwind.controlplane.dev import Started, kubectl
@@ -207,12 +208,21 @@ def _with_remove_secret(store: PouchDB, on: bool) -> str:
                            "metadata": {"name": "docs.remove", "namespace": NS}, "spec": remove})
 
 
+def bundle_names(api: client.ApiClient, secret: str) -> bool:  # noqa: F811
+    """Whether the namespace's published bundle (root and shards) names ``secret``: the
+    webhook mounts the Secrets of the bundle it reads when a pod is admitted, so a pod made
+    before the operator republished after an edit still mounts a Secret the edit dropped."""
+    maps = client.CoreV1Api(api).list_namespaced_config_map(NS).items
+    return any(secret in json.dumps(m.data or {}) for m in maps if m.metadata.name.startswith(BUNDLE_NAME))
+
+
 def test_an_undo_whose_secret_was_deleted_is_named_within_15s_and_runs_once_the_secret_is_back(
         kc: Path, api: client.ApiClient, store: PouchDB, records: None) -> None:  # noqa: F811
     secret = ["-n", NS, "create", "secret", "generic", STORE_SECRET, "--from-literal=token=t0ken"]
     kubectl(kc, *secret)
     kubectl(kc, "apply", "-f", "-", input_text=_with_remove_secret(store, True))
     kubectl(kc, "-n", NS, "wait", "--for=condition=Ready", "toolmanifest/docs.remove", "--timeout=120s")
+    wait_for("the bundle to name the Secret", lambda: bundle_names(api, STORE_SECRET), timeout=60)
     try:
         name = run_agent(kc, api, store)
         kubectl(kc, "-n", NS, "delete", "secret", STORE_SECRET)  # someone deleted it mid-incident
@@ -249,6 +259,8 @@ def test_an_undo_whose_secret_was_deleted_is_named_within_15s_and_runs_once_the_
         assert store.titles() == BEFORE
     finally:
         kubectl(kc, "apply", "-f", "-", input_text=_with_remove_secret(store, False))
+        # the later tests' pods would otherwise mount the Secret deleted next and never start
+        wait_for("the bundle to drop the Secret", lambda: not bundle_names(api, STORE_SECRET), timeout=60)
         kubectl(kc, "-n", NS, "delete", "secret", STORE_SECRET, "--ignore-not-found")
 
 
@@ -314,8 +326,11 @@ def test_a_gateway_beside_a_long_lived_agent_is_not_killed_while_four_undo_jobs_
             "name": "agent", "image": "unwind:dev", "command": ["python", "-c", LOAD_AGENT, str(LOAD_DOCS)],
             "securityContext": dict(RESTRICTED)}]}}))
     try:
-        wait_for(f"{name}'s calls", lambda: "CALLED" in kubectl(kc, "-n", NS, "logs", name, "-c", "agent",
-                                                               check=False), timeout=180)
+        try:
+            wait_for(f"{name}'s calls", lambda: "CALLED" in kubectl(kc, "-n", NS, "logs", name, "-c", "agent",
+                                                                   check=False), timeout=180)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n{kubectl(kc, '-n', NS, 'describe', 'pod', name, check=False)}") from None
         assert set(store.titles()) == set(BEFORE) | {f"load-{i}" for i in range(LOAD_DOCS)}
         rollback_began = datetime.now(UTC)
         ran = plugin(kc, "rollback", f"ledger/{name}", "-n", NS, "--reason", "the agent misbehaved",
