@@ -22,8 +22,10 @@ with no load (a second before the loads), the time of one fsync on the ledger's 
 (median of 100 small appends, each fsync'ed, half before the loads and half after), the
 file ledger's fsyncs per call and the cluster row's bytes sent to the API server and ledger
 writes per call (from the gateway's /metrics), and the issue's targets, each marked met or
-not met. Last, one call at a time in-process (no HTTP server, no load generator): what the
-enforcement path itself costs per call.
+not met. Then, one call at a time in-process (no HTTP server, no load generator): what the
+enforcement path itself costs per call. Last, the MCP rows (``benchmarks.gateway_mcp_calls``,
+``--no-mcp`` skips them): ``tools/call`` through ``/mcp`` beside a plain forwarding Python
+MCP proxy, with the upstream's HTTP requests per call.
 
 The load comes from ``hey`` when it is installed (Go, so the client costs the machine
 little), else from a paced aiohttp client in this process: never in the process measured.
@@ -399,6 +401,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-cluster", action="store_true", help="skip the rows on a local API "
                         "server (they start a control plane of their own, ~20 s)")
     parser.add_argument("--no-in-process", action="store_true", help="skip the in-process lines")
+    parser.add_argument("--no-mcp", action="store_true", help="skip the MCP tools/call rows "
+                        "(benchmarks.gateway_mcp_calls)")
+    parser.add_argument("--mcp-calls", type=int, default=300, help="calls per MCP row (300)")
     parser.add_argument("--serve-upstream", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--serve-proxy", type=int, nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -463,6 +468,10 @@ def main(argv: list[str] | None = None) -> int:
             _stop(procs)
     notes["import_rss_mb"] = _import_rss_mb()
     _print(args, shapes, servers, notes, use_hey)
+    if not args.no_mcp:
+        from . import gateway_mcp_calls
+
+        gateway_mcp_calls.print_rows(gateway_mcp_calls.rows(args.mcp_calls, args.concurrency))
     return 0
 
 
