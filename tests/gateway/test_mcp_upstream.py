@@ -26,7 +26,7 @@ from unwind.manifest.validate import validate_manifest
 from unwind.operator.admission import Refused, Request, validate_toolmanifest
 from unwind.operator.identity import Identity
 from unwind.upstream.client import Upstream, prepare
-from unwind.upstream.mcp_client import HttpServer, McpClients, McpFailure, StdioServer
+from unwind.upstream.mcp_client import MAX_OPEN, HttpServer, McpClients, McpFailure, StdioServer
 from unwind.upstream.secrets import LocalSecrets
 
 from .conftest import ROOT, env, free_port, start_gateway, stop, wait_for
@@ -226,6 +226,33 @@ async def test_calls_reuse_one_open_session_and_the_2026_07_28_protocol_is_negot
         [session] = pool.idle
         assert len(clients.sessions) == 1
         assert session.client.protocol_version == "2026-07-28"
+    finally:
+        await clients.aclose()
+
+
+@pytest.mark.parametrize("http_server", [False, True], indirect=True, ids=["stateless", "stateful"])
+async def test_ten_calls_in_flight_keep_the_sessions_they_opened_and_open_no_more(
+        http_server: tuple[str, Any]) -> None:
+    """Issue 31: a pool that kept fewer idle sessions than it opened closed and reopened
+    sessions under 10 calls in flight (a discover or a handshake, and a DELETE, for a
+    quarter of the calls: 1.42 upstream requests per call)."""
+    url, _ = http_server
+    clients = McpClients()
+    server = HttpServer(url)
+
+    async def wave(n: int) -> None:
+        answers = await asyncio.gather(*(clients.call(server, "echo", {"text": f"{n}-{i}"},
+                                                      timeout_s=10, cap=CAP) for i in range(10)))
+        assert [answer(a) for a in answers] == [{"echo": f"{n}-{i}"} for i in range(10)]
+    try:
+        await wave(0)
+        [pool] = clients.pools.values()
+        opened = set(pool.idle)
+        assert len(opened) == MAX_OPEN  # 10 in flight, at most MAX_OPEN at once: all kept
+        for n in range(1, 5):
+            await wave(n)
+            assert set(pool.idle) == opened
+        assert clients.sessions == opened
     finally:
         await clients.aclose()
 
