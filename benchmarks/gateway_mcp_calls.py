@@ -170,8 +170,8 @@ def rows(calls: int = 300, concurrency: int = 10) -> list[Row]:
                        "bench-mcp", "--log-level", "warning", "--max-entries-per-run", "0")
             servers = [
                 ("plain MCP proxy", ("{tmp}/proxy.py", "{port}", f"http://127.0.0.1:{up_port}/mcp")),
-                ("gateway, memory ledger", (*gateway, "--benchmark-memory-store")),
-                ("gateway, file ledger", (*gateway, "--ledger-dir", f"{tmp}/ledger")),
+                ("/mcp, memory ledger", (*gateway, "--benchmark-memory-store")),
+                ("/mcp, file ledger", (*gateway, "--ledger-dir", f"{tmp}/ledger")),
             ]
             for label, argv in servers:
                 port, proc = start(*(a.replace("{tmp}", tmp) for a in argv))

@@ -59,3 +59,17 @@ def test_the_authenticated_gateway_benchmark_prints_every_row_and_issue_32s_targ
                    ">= 1000 authenticated calls/s at 10 concurrent, file ledger",
                    "trace export <= 5% CPU at 200 calls/s", "one Redis round trip (PING"):
         assert target in text, text
+
+
+def test_the_mcp_rows_print_each_door_beside_the_plain_proxy_with_upstream_requests_per_call() -> None:
+    out = subprocess.run([sys.executable, "-m", "benchmarks.gateway_mcp_calls", "--calls", "20",
+                          "--concurrency", "4"],
+                         cwd=ROOT, env=env(), capture_output=True, text=True, timeout=240)
+    assert out.returncode == 0, out.stderr[-3000:]
+    rows = [line.split() for line in out.stdout.splitlines()
+            if line.startswith(("  plain MCP proxy", "  /mcp, "))]
+    assert len(rows) == 6, out.stdout
+    for row in rows:
+        assert int(row[row.index("flight") + 1]) == 20, row  # every call answered
+        assert float(row[-2]) >= 1.0, row  # upstream requests per call: at least the call
+    assert "exactly one upstream request per call" in out.stdout
