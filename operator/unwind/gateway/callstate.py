@@ -6,12 +6,15 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from ..ledger.entry import Entry
 from ..manifest.canonical import canonical_json
 from ..manifest.model import ToolManifest
 from ..upstream.client import McpContent
+
+if TYPE_CHECKING:
+    from .plan import CallPlan
 
 
 @dataclass(frozen=True)
@@ -71,6 +74,7 @@ class Call:
     fresh: bool = False  # read the Idempotency-Key's entry, never answer it from a cache
     probed: bool = False  # "no such entry" came from the store's copy of the run (probe)
     deadline: datetime | None = None  # when its upstream call is over (set at the write-ahead)
+    plan: CallPlan | None = None  # the tool's call plan (plan.py), once the tool is known
 
     def digest(self) -> str:
         return "sha256:" + hashlib.sha256(canonical_json(self.req.arguments)).hexdigest()

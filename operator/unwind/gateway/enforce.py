@@ -26,7 +26,6 @@ import time
 from collections.abc import Callable
 from datetime import datetime
 
-from ..ledger.approvals import ApprovalRules
 from ..ledger.entry import now
 from ..ledger.handle import secret_texts
 from ..ledger.store import Locks, Store
@@ -37,6 +36,7 @@ from ..upstream.secrets import Secrets
 from .callstate import Call, CallRequest, CallResult, Settings
 from .catalogue import Catalogue
 from .metrics import UNKNOWN_TOOL, Metrics
+from .plan import Plans
 from .runlimit import RunLimit
 from .stages.after_call import AfterCall
 from .stages.approval import Approval
@@ -67,6 +67,7 @@ class Gateway(Ownership, Checks, Key, Approval, Capture, WriteAhead, Outcomes, A
         self.clock = clock
         self._own_runs: set[str] = set()  # runs whose ledger records this actor as owner
         self.runs = RunLimit(settings.max_runs, settings.runs_window, clock)
+        self.plans = Plans(catalogue)  # each served tool's call plan (plan.py)
 
     def _new_id(self) -> str:
         """An entry id this gateway draws (a refusal recorded beside the entry its key
@@ -122,23 +123,22 @@ class Gateway(Ownership, Checks, Key, Approval, Capture, WriteAhead, Outcomes, A
     async def _call(self, c: _Call) -> CallResult:
         req = c.req
         await self._run_is_ours(c)
-        served = self.catalogue.get(req.tool)
-        if served is None or not served.manifest.enforceable:
-            if served is None and not self.catalogue.ready:
+        plan = c.plan = self.plans.get(req.tool)
+        if plan is None or not plan.enforceable:
+            if plan is None and not self.catalogue.ready:
                 raise Refusal("not_found", f"no tool {req.tool!r}: the gateway serves no "
                               f"manifests ({self.catalogue.problem})")
-            what = "is only a draft: approve it before calling" if served else "is not served here"
-            if served is None:  # a misspelt name: only this refusal pays for the lookup
+            what = "is only a draft: approve it before calling" if plan else "is not served here"
+            if plan is None:  # a misspelt name: only this refusal pays for the lookup
                 known = [s.manifest.tool for s in self.catalogue.tools() if s.manifest.enforceable]
                 close = difflib.get_close_matches(req.tool, known, n=1)
                 what += f" (did you mean {close[0]}?)" if close else ""
             raise Refusal("not_found", f"tool {req.tool!r} {what}")
-        m = c.m = served.manifest
-        c.checksum, c.version = served.checksum, served.version
+        m = c.m = plan.manifest
+        c.checksum, c.version = plan.served.checksum, plan.served.version
         c.secrets = secret_texts(m, req.arguments)
-        if m.lifecycle == "deprecated":
-            c.warnings.append(f"{m.tool} is deprecated: use {m.replaced_by}" if m.replaced_by
-                              else f"{m.tool} is deprecated")
+        if plan.deprecated:
+            c.warnings.append(plan.deprecated)
         call_m, args = self._stage_form(c) if req.stage else (m, dict(req.arguments))
         checks: list[Refusal] = []
         for check in (self._permission, self._requires, self._schema_drift):
@@ -156,13 +156,12 @@ class Gateway(Ownership, Checks, Key, Approval, Capture, WriteAhead, Outcomes, A
             return await self._dry_run(c, checks)
         await self._idempotency_key_is_free(c)
         approved = c.existing is not None and c.existing.state == "awaiting_approval"
-        rules = None if req.stage else ApprovalRules.from_manifest(m)
+        rules = None if req.stage else plan.approval
         # A keyed call with no approval and no capture sends its key's lock and its pending
         # entry together (_take_key_writing_ahead); one with a capture, or one that will
         # wait for approval, takes the lock first (keylocks.py): an awaiting entry holds
         # its key, so a duplicate never waits for a human.
-        together = (c.key is not None and not req.stage and rules is None and not approved
-                    and m.capture is None)
+        together = plan.together and c.key is not None and not req.stage and not approved
         if rules is not None and not approved and self.catalogue.observe:
             self._observed(c, Refusal("approval_required", f"{m.tool} needs approval"))
         elif rules is not None and not approved:

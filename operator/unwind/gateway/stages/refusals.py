@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import logging
 
-from ...ledger.approvals import ApprovalRules
 from ...ledger.entry import EntryError
 from ...ledger.handle import build_handle, mask_text
 from ...ledger.lifecycle import REUSABLE
@@ -63,7 +62,7 @@ class Refusals(Stage):
             standing = await self._standing(c)
             if standing is not None:
                 checks.append(standing)
-        if not c.req.stage and ApprovalRules.from_manifest(m) is not None:
+        if not c.req.stage and c.plan is not None and c.plan.approval is not None:
             checks.append(Refusal("approval_required", f"{m.tool} needs approval: the call "
                                   "would wait as an awaiting_approval entry"))
         report = effect_report(m, outcome="planned",
