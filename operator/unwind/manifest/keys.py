@@ -35,13 +35,14 @@ and ``x`` + ``y-z`` alike, which errs on the side of refusing a call as a duplic
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from collections.abc import Mapping
 from decimal import Decimal
 from typing import Any
 
-from .refs import Missing, RefSyntaxError, parse_ref, resolve
+from .refs import Missing, Ref, RefSyntaxError, parse_ref, resolve
 
 PLACEHOLDER = re.compile(r"\{\{\s*([^}]*?)\s*\}\}")
 
@@ -99,9 +100,25 @@ def sent_key(m: Any, run: str, key: str) -> str:
     return key
 
 
+@functools.lru_cache(maxsize=1024)
+def _names_args(template: str) -> bool:
+    """Whether a template names a call argument (parsed once per template: the gateway
+    renders the same few templates on every call)."""
+    return any(name.startswith("args.") for name in placeholders(template))
+
+
+@functools.lru_cache(maxsize=4096)
+def _arg_ref(name: str) -> Ref | None:
+    """A placeholder's reference, parsed once; None when it is not ``args.<path>``."""
+    try:
+        return parse_ref("$" + name) if name.startswith("args.") else None
+    except RefSyntaxError:
+        return None
+
+
 def render_key(template: str, args: Mapping[str, Any]) -> str:
     """Render ``template`` over the call's ``args``, or raise KeyRenderError."""
-    if not any(name.startswith("args.") for name in placeholders(template)):
+    if not _names_args(template):
         raise KeyRenderError(
             f"the idempotency key template {template!r} names no {{{{args.<field>}}}}, so "
             "every call would get the same key: add the arguments that identify a call")
@@ -109,10 +126,7 @@ def render_key(template: str, args: Mapping[str, Any]) -> str:
 
     def one(match: re.Match[str]) -> str:
         name = match.group(1)
-        try:
-            ref = parse_ref("$" + name) if name.startswith("args.") else None
-        except RefSyntaxError:
-            ref = None
+        ref = _arg_ref(name)
         if ref is None or ref.optional:
             raise KeyRenderError(
                 f"the idempotency key placeholder {{{{{name}}}}} is not a call argument: "

@@ -1,9 +1,9 @@
 """The gateway's call path, one concern per module; ``enforce.py`` composes them in this order
 (docs/gateway.md lists what each refuses):
 
-    doors (rest.py, mcp_server.py: body, argument schema)  ->  ownership.py (whose run, how
-    many runs)  ->  the call plan (plan.py: tool served, compiled at bundle load)  ->
-    checks.py  ->  key.py (render, Idempotency-Key free)  ->  approval.py  ->  keylocks.py
+    doors (rest.py, mcp_server.py: body, argument schema)  ->  ownership.py (whose run,
+    how many runs)  ->  the call plan (plan.py: the tool served, compiled once per served
+    manifest)  ->  checks.py  ->  key.py (render, Idempotency-Key free)  ->  approval.py  ->  keylocks.py
     (the key's lock)  ->  capture.py  ->  write_ahead.py  ->  outcome.py (the upstream call,
     the outcome's compare-and-set)  ->  after_call.py (the read after the call, recorded by a
     second compare-and-set)  ->  the report (outcome.py, refusals.py)

@@ -4,16 +4,12 @@ its key.
 
 from __future__ import annotations
 
-import logging
-
 from ...ledger import decide
 from ...ledger.approvals import ApprovalRules
 from ...upstream.errors import Refusal
 from ..callstate import Call as _Call
 from ..callstate import CallResult
 from .base import Stage
-
-log = logging.getLogger("unwind.gateway")
 
 
 class Approval(Stage):

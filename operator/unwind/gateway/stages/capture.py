@@ -4,8 +4,6 @@ after the key is taken and before the write-ahead.
 
 from __future__ import annotations
 
-import logging
-
 from ...ledger.handle import missing_captured, secret_texts
 from ...manifest.model import Effect
 from ...manifest.refs import resolve_map
@@ -13,8 +11,6 @@ from ...upstream.client import prepare
 from ...upstream.errors import Refusal
 from ..callstate import Call as _Call
 from .base import Stage
-
-log = logging.getLogger("unwind.gateway")
 
 
 class Capture(Stage):

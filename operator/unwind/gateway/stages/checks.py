@@ -6,8 +6,7 @@ Observe mode records a failed check as a warning instead of refusing.
 
 from __future__ import annotations
 
-import logging
-from typing import Any, TypeVar
+from typing import Any
 
 from ...manifest.lint import schema_hash_of
 from ...manifest.model import ToolManifest
@@ -15,9 +14,6 @@ from ...manifest.refs import resolve_map
 from ...upstream.errors import Refusal
 from ..callstate import Call as _Call
 from .base import Stage
-
-log = logging.getLogger("unwind.gateway")
-T = TypeVar("T")
 
 
 class Checks(Stage):

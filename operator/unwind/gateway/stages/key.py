@@ -1,11 +1,10 @@
-"""The idempotency key: rendered from the call's arguments (its template compiled into the
-call plan), carried to the upstream (argument or header), and the caller's
+"""The idempotency key: rendered from the call's arguments (its template parsed once, keys.py;
+its carrier in the call plan), carried to the upstream (argument or header), and the caller's
 Idempotency-Key (the entry id) checked free. The key's lock is keylocks.py.
 """
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 from ...ledger import decide
@@ -15,8 +14,6 @@ from ...manifest.keys import KeyRenderError, render_key, sent_key
 from ...upstream.errors import Refusal
 from ..callstate import Call as _Call
 from .base import Stage
-
-log = logging.getLogger("unwind.gateway")
 
 
 class Key(Stage):

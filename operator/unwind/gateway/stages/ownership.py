@@ -8,7 +8,6 @@ runs it remembers as its own; the services and the call plans are shared.
 from __future__ import annotations
 
 import copy
-import logging
 from dataclasses import replace
 from typing import Self
 
@@ -17,8 +16,6 @@ from ...upstream.errors import Refusal
 from ..callstate import Call as _Call
 from ..runlimit import RunLimit
 from .base import Stage
-
-log = logging.getLogger("unwind.gateway")
 
 
 class Ownership(Stage):

@@ -5,7 +5,6 @@ compare-and-set on the reusable entry it replaces (ledger/lifecycle.py).
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 from ...ledger.entry import Attempt, Entry, Times, stamp
@@ -17,8 +16,6 @@ from ...upstream.errors import Refusal
 from .. import tracing
 from ..callstate import Call as _Call
 from .base import Stage
-
-log = logging.getLogger("unwind.gateway")
 
 # States of an entry whose Idempotency-Key a call may still use (the entry runs again, or
 # is the approved call itself).
