@@ -20,7 +20,8 @@ def test_every_stage_module_is_under_250_lines() -> None:
 
 
 def test_the_gateway_is_composed_of_every_stage_and_each_method_has_one_home() -> None:
-    modules = {p.stem for p in STAGES.glob("*.py")} - {"__init__", "base"}
+    # admission.py is the doors' stage (rate limits before, trace attributes after): below
+    modules = {p.stem for p in STAGES.glob("*.py")} - {"__init__", "base", "admission"}
     composed = {cls.__module__.rsplit(".", 1)[-1] for cls in Gateway.__mro__
                 if cls.__module__.startswith("unwind.gateway.stages.") and cls is not Stage}
     assert composed == modules
@@ -35,3 +36,11 @@ def test_the_gateway_is_composed_of_every_stage_and_each_method_has_one_home() -
     for name, value in vars(Stage).items():
         if inspect.isfunction(value) and name != "ledger":
             assert getattr(Gateway, name) is not value, f"{name} is only declared"
+
+
+def test_both_doors_take_rate_limits_and_trace_attributes_from_the_admission_stage() -> None:
+    gateway = STAGES.parent
+    for door in ("rest.py", "mcp_guard.py", "mcp_server.py"):
+        text = (gateway / door).read_text()
+        assert "stages.admission import" in text, door
+        assert "limiter.check(" not in text and "tracing.annotate(" not in text, door

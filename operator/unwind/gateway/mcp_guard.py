@@ -1,8 +1,9 @@
 """What ``/mcp`` checks before the MCP SDK reads a ``tools/call``: the OAuth caller's scope
 (HTTP 403 ``insufficient_scope``, as the MCP authorization spec asks, so a client can step
-up) and the rate limits (HTTP 429 with ``Retry-After``). Both answers carry a JSON-RPC error
-with the request's id, and the refused call is recorded as ``refused`` in the run's ledger
-through the gateway's refusal path (``Gateway.reject``): nothing of it ran.
+up) and the rate limits (HTTP 429 with ``Retry-After``: stages/admission.py, as at REST).
+Both answers carry a JSON-RPC error with the request's id, and the refused call is recorded
+as ``refused`` in the run's ledger through the gateway's refusal path (``Gateway.reject``):
+nothing of it ran.
 
 Why at the HTTP layer: the SDK answers a tool call inside a 200 response, and these two
 answers are HTTP statuses a client acts on. The body is read once here (at most the door's
@@ -18,12 +19,13 @@ from typing import TYPE_CHECKING, Any
 
 from ..ledger.ulid import new_ulid
 from ..manifest.mcp_names import mcp_name
-from ..manifest.model import Effect, ToolManifest
+from ..manifest.model import ToolManifest
 from ..upstream.errors import Refusal
 from ..upstream.limits import MAX_BODY
 from .auth.doors import CALLER, DOORS, GATEWAY, answer
-from .enforce import CallRequest, Gateway
+from .enforce import Gateway
 from .rest import choose_run
+from .stages.admission import Admission
 from .trust import ASGIApp, Receive, Scope, Send
 
 if TYPE_CHECKING:
@@ -37,6 +39,7 @@ class McpGuard:
     def __init__(self, app: ASGIApp, gateway: Gateway, default_run: str | None,
                  limiter: Limiter | None = None) -> None:
         self.app, self.gateway, self.default_run, self.limiter = app, gateway, default_run, limiter
+        self.admission = Admission(limiter)
         self._names: tuple[str, dict[str, str]] = ("", {})
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -71,13 +74,11 @@ class McpGuard:
         """The rate limits first, as at REST (a call counts whether it then runs or is
         refused), then an OAuth caller's scope."""
         gw: Gateway = scope.get(GATEWAY) or self.gateway
-        if self.limiter is not None:
-            decision = await self.limiter.check(gw.settings.actor, m.tool,
-                                                read_only=m.effect == Effect.read_only)
-            if decision is not None and decision.refusal is not None:
-                code = RATE_LIMITED if decision.refusal.code == "rate_limited" else UNAVAILABLE
-                return (decision.refusal, code,
-                        [(k.encode(), v.encode()) for k, v in decision.headers()])
+        decision = await self.admission.limit(gw, m.tool)
+        if decision is not None and decision.refusal is not None:
+            code = RATE_LIMITED if decision.refusal.code == "rate_limited" else UNAVAILABLE
+            return (decision.refusal, code,
+                    [(k.encode(), v.encode()) for k, v in decision.headers()])
         doors = scope.get(DOORS)
         scopes = gw.settings.scopes
         if doors is not None and not self.gateway.catalogue.observe \
@@ -97,8 +98,7 @@ class McpGuard:
         except Refusal:
             return  # no run to record it in
         gw: Gateway = scope.get(GATEWAY) or self.gateway
-        await gw.reject(CallRequest(tool=m.tool, arguments={}, run=run, entry_id=new_ulid()),
-                        refusal)
+        await self.admission.refuse(gw, m.tool, run, new_ulid(), refusal)
         caller = scope.get(CALLER)
         log.info("mcp tools/call %s refused before the SDK: %s (%s)", m.tool, refusal.code,
                  getattr(caller, "actor", gw.settings.actor))

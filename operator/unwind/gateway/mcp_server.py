@@ -31,11 +31,11 @@ from ..manifest.mcp_names import mcp_name
 from ..manifest.model import Effect, ToolManifest
 from ..upstream.errors import Refusal
 from ..upstream.limits import OverLimit, check_arguments
-from . import tracing
 from .enforce import CallRequest, CallResult, Gateway
 from .mcp_stream import InFlight
 from .rest import choose_run
 from .schemas import BadArguments, check_call_arguments, listed_key
+from .stages.admission import annotate
 
 log = logging.getLogger("unwind.gateway")
 META_KEYS = {"idempotency_key": str, "stage": bool, "dry_run": bool}
@@ -263,8 +263,7 @@ def build_server(gateway: Gateway, default_run: str | None,
                           entry_id=key or req.entry_id, stage=stage, dry_run=dry_run)
         # In a task of its own, relaying progress (mcp_stream.py): recorded whatever the client does
         result = await inflight.run(ctx, run, gw.call(req))
-        tracing.annotate(tool, run, result.entry, result.status, result.body, gw.settings.actor,
-                         str(m.effect) if m else None)
+        annotate(gw, tool, run, result)
         return tool_result(result, report_in_content=report, output_schema=output_schema(m, gw))
 
     return Server("unwind-gateway", on_list_tools=list_tools, on_call_tool=call_tool)

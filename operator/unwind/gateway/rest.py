@@ -20,16 +20,14 @@ from starlette.routing import Route
 
 from ..ledger.store import ENTRY_ID_PATTERN, run_problem
 from ..ledger.ulid import new_ulid
-from ..manifest.model import Effect
 from ..upstream.errors import Refusal
 from ..upstream.limits import MAX_BODY, OverLimit, check_arguments, too_deep
-from . import tracing
 from .enforce import CallRequest, CallResult, Gateway
-from .metrics import UNKNOWN_TOOL
 from .schemas import BadArguments, check_call_arguments
+from .stages.admission import Admission, annotate
 
 if TYPE_CHECKING:
-    from .ratelimit import Decision, Limiter
+    from .ratelimit import Limiter
 
 log = logging.getLogger("unwind.gateway")
 REPORT_HEADER = "X-Unwind-Effect"
@@ -124,30 +122,21 @@ def acting(request: Request, gateway: Gateway) -> Gateway:
 
 def routes(gateway: Gateway, default_run: str | None, limiter: Limiter | None = None
            ) -> list[Route]:
+    admission = Admission(limiter)
+
     async def call(request: Request) -> Response:
         gw = acting(request, gateway)
-        decision = await _limit(request, gw) if limiter is not None else None
+        tool = request.path_params["tool"]
+        decision = await admission.limit(gw, tool)
         if decision is not None and decision.refusal is not None:
             result = await _limited(request, gw, decision.refusal)
         else:
             result = await _call(request, gw)
         response = _answer(request, result)
-        if tracing.enabled:
-            served = gateway.catalogue.get(request.path_params["tool"])
-            tracing.annotate(request.path_params["tool"][:128],
-                             request.headers.get("x-unwind-run") or default_run or "",
-                             result.entry, result.status, result.body, gw.settings.actor,
-                             str(served.manifest.effect) if served else None)
+        annotate(gw, tool, request.headers.get("x-unwind-run") or default_run or "", result)
         for name, value in decision.headers() if decision is not None else ():
             response.headers[name] = value
         return response
-
-    async def _limit(request: Request, gw: Gateway) -> Decision | None:
-        assert limiter is not None
-        served = gateway.catalogue.get(request.path_params["tool"])
-        read_only = served is not None and served.manifest.effect == Effect.read_only
-        return await limiter.check(gw.settings.actor, served.manifest.tool if served else
-                                   UNKNOWN_TOOL, read_only=read_only)
 
     async def _limited(request: Request, gw: Gateway, refusal: Refusal) -> CallResult:
         """A call over its limit: recorded as refused (when it names a run), never run."""
@@ -157,9 +146,7 @@ def routes(gateway: Gateway, default_run: str | None, limiter: Limiter | None = 
             return CallResult(bad.status, bad.envelope())
         given = request.headers.get("idempotency-key")
         entry_id = given if given is not None and ENTRY_ID_PATTERN.fullmatch(given) else new_ulid()
-        req = CallRequest(tool=request.path_params["tool"], arguments={}, run=run,
-                          entry_id=entry_id)
-        return await gw.reject(req, refusal)
+        return await admission.refuse(gw, request.path_params["tool"], run, entry_id, refusal)
 
     def _answer(request: Request, result: CallResult) -> Response:
         doors = request.scope.get("unwind.doors")
