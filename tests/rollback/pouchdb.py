@@ -10,7 +10,8 @@ the update's divergence check compares the state before the undo with a read mad
 after the call (``verification.after_call``: an update's answer, ``{ok, id, rev}``, holds
 no field to compare). Used by tests/rollback/test_pouchdb.py (the local gateway and
 ``unwind rollback``) and by the real-node test (the gateway sidecar and the operator's
-undo Jobs), which reads the store itself, never through Unwind.
+undo Jobs), which reads the store itself, never through Unwind. The manifests are the
+ones docs/manifests.md shows, read from the page.
 """
 
 from __future__ import annotations
@@ -23,60 +24,16 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from tests.doc_sections import blocks, section
 from tests.gateway.installs import POUCHDB_SERVER, npm_tool
 
 BASE = "http://127.0.0.1:5984"  # replaced by the test's own server
 DB = "docs"
 
-MANIFESTS = """\
-- tool: docs.get
-  effect: read_only
-  permission: docs:read
-  description: Read one document; its _rev is the current revision.
-  upstream: { url: "http://127.0.0.1:5984/docs/{{args.id}}", method: GET }
-- tool: docs.create
-  effect: reversible
-  permission: docs:write
-  timeout_ms: 5s
-  description: Create a document under the id given.
-  upstream: { url: "http://127.0.0.1:5984/docs/{{args.id}}", method: PUT }
-  compensation:
-    kind: inverse
-    tool: docs.remove
-    argument_map: { id: $args.id }
-    current: { tool: docs.get, arguments: { id: $args.id } }   # read right before the undo
-    headers: { If-Match: $current._rev }                         # refused (409) if it changed since
-    verification: { tool: docs.get, arguments: { id: $args.id }, absent: true }
-- tool: docs.update
-  effect: reversible
-  permission: docs:write
-  timeout_ms: 5s
-  description: Change a document's title; give the revision it changes as _rev.
-  upstream: { url: "http://127.0.0.1:5984/docs/{{args.id}}", method: PUT }
-  capture: { tool: docs.get, arguments: { id: $args.id } }
-  compensation:
-    kind: inverse
-    tool: docs.restore
-    argument_map: { id: $args.id, title: $before.title, _rev: $current._rev }
-    current: { tool: docs.get, arguments: { id: $args.id } }
-    verification:
-      tool: docs.get
-      arguments: { id: $args.id }
-      expect: { title: $before.title }
-      after_call: true                                            # compare with a read, not the answer
-- tool: docs.restore
-  effect: idempotent
-  permission: docs:write
-  timeout_ms: 5s
-  description: Write a document's title back at the revision given.
-  upstream: { url: "http://127.0.0.1:5984/docs/{{args.id}}", method: PUT }
-- tool: docs.remove
-  effect: idempotent
-  permission: docs:write
-  timeout_ms: 5s
-  description: Delete a document at the revision given as If-Match.
-  upstream: { url: "http://127.0.0.1:5984/docs/{{args.id}}", method: DELETE }
-"""
+# The five manifests of docs/manifests.md, read from the page: what a reader copies is
+# what runs, here and on the real node.
+SECTION = "### Undo against the current state ($current)"
+(MANIFESTS,) = blocks(section("manifests.md", SECTION), "yaml")
 
 
 def manifests_for(url: str) -> str:

@@ -6,6 +6,11 @@ right before it (`$current`, If-Match), so the update's undo no longer leaves th
 undo a stale revision (409). A document changed by hand after the run is not overwritten:
 its undo is refused as diverged, the rest is undone, and a person settles it.
 
+The worked example of docs/manifests.md ("A worked example: an API with revisions") runs
+here command by command, as written, with the manifests the page shows above it, and two
+substitutions a reader's machine does not need: the installed server's path for `npx -y
+pouchdb-server` (CI does not fetch at test time) and free ports.
+
 When npm cannot fetch pouchdb-server the test skips saying why (under CI=true it fails).
 """
 
@@ -22,8 +27,12 @@ from pathlib import Path
 import pytest
 
 from gateway.conftest import ROOT, GatewayProc, env, free_port, start_gateway, stop
+from tests.doc_sections import blocks, run_shell, section
+from tests.gateway.installs import POUCHDB_SERVER, npm_tool
 
-from .pouchdb import AFTER_RUN, AGENT, BEFORE, PouchDB, manifests_for
+from .pouchdb import AFTER_RUN, AGENT, BEFORE, MANIFESTS, PouchDB, manifests_for
+
+WORKED = "### A worked example: an API with revisions (pouchdb-server)"
 
 
 @dataclass
@@ -122,3 +131,32 @@ def test_a_document_changed_by_hand_after_the_run_is_not_overwritten_and_is_sett
     evidence = json.loads((tmp_path / "run-1.evidence.json").read_text())["evidence"]
     assert {s["entry"]: (s["by"], s["reason"]) for s in evidence["settles"]} == {
         e: ("olga", "b keeps the hand edit") for e in ("update-b-1", "create-b")}
+
+
+def test_the_worked_example_creates_and_edits_a_document_and_rolls_it_back_as_written(
+        tmp_path: Path) -> None:
+    binary = npm_tool(*POUCHDB_SERVER)
+    store, door = str(free_port()), str(free_port())
+
+    def local(text: str) -> str:
+        return (text.replace("npx -y pouchdb-server", str(binary))
+                .replace("5984", store).replace("8798", door))
+    (script,) = (local(b) for b in blocks(section("manifests.md", WORKED), "sh"))
+    (tmp_path / "docs.yaml").write_text(local(MANIFESTS))
+    out = run_shell(script, tmp_path)
+    assert "ok: 5 tool manifests valid" in out
+    assert out.count('"ok":true,"id":"a","rev":"1-') == 1, out  # the create
+    assert out.count('"ok":true,"id":"a","rev":"2-') == 1, out  # the edit, at the revision read
+    order = [line.split()[3] for line in out.splitlines() if line.startswith("ok   ")]
+    assert order == ["docs.restore:", "docs.remove:"], out  # newest first, one at a time
+    assert "docs.get confirmed it gone" in out and "rolled back: 2 steps ran" in out
+    assert "right before the undo docs.get reads the object as it is now ($current: " \
+           "headers.If-Match)" in out
+    assert out.strip().splitlines()[-1].startswith('{"error":"not_found"'), out
+    shown = subprocess.run([sys.executable, "-m", "unwind.cli.main", "ledger", "show", "demo",
+                            "--ledger-dir", str(tmp_path / "ledger"), "-o", "json"],
+                           cwd=ROOT, env=env(), capture_output=True, text=True, timeout=60)
+    assert shown.returncode == 0, shown.stderr
+    [page] = json.loads(shown.stdout)["items"]
+    assert [(e["tool"], e["state"]) for e in page["status"]["entries"]] == [
+        ("docs.create", "undone"), ("docs.get", "succeeded"), ("docs.update", "undone")]
