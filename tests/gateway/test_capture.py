@@ -183,7 +183,7 @@ async def test_an_update_is_undone_to_the_value_it_overwrote(
     assert (step.action, step.undo_tool) == ("inverse", "crm.restore_customer")
     assert step.arguments == {"id": "c1", "email": "old@example.com"}
     assert "as crm.get_customer read it before the call" in step.reason
-    assert "first checks that email still hold what the call left" in step.reason
+    assert "first checks that email still holds what the call left" in step.reason
     assert step.verification is not None
     assert step.verification.expect == {"email": "old@example.com"}
 

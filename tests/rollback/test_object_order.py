@@ -138,7 +138,7 @@ def test_an_update_whose_answer_holds_no_fields_is_checked_against_the_read_afte
     assert entries[0].handle is not None and entries[0].handle.after == {"title": "new"}
     [step] = make_plan("run-1", entries, VERSIONS, now=NOW).steps
     assert step.verification is not None and step.verification.left == {"title": "new"}
-    assert "still hold what the read right after the call found" in step.reason
+    assert "still holds what the read right after the call found" in step.reason
     docs.docs["a"]["title"] = "changed by someone"  # a real later change is still caught
     view = roll_back(docs, entries, 1, lambda names: names[0])
     [s] = view.rollback["steps"]  # type: ignore[index]

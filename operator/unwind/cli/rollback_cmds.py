@@ -140,8 +140,9 @@ def _rollback_file(args: argparse.Namespace) -> int:
 
     def report(step: Any, result: dict[str, Any]) -> None:
         mark = "ok  " if result["ok"] else "FAIL"
-        print(f"{mark} {step.entry} {step.action} {result['tool']}: {result['outcome']}: "
-              f"{result['reason']}", flush=True)
+        said = result["reason"]  # a reason may begin with its outcome ("diverged: ...")
+        outcome = "" if said.startswith(f"{result['outcome']}:") else f"{result['outcome']}: "
+        print(f"{mark} {step.entry} {step.action} {result['tool']}: {outcome}{said}", flush=True)
     try:
         summary = asyncio.run(execute(ledger, plan, versions, selection, by=by,
                                       secrets=LocalSecrets(args.secrets_dir), report=report,
@@ -151,7 +152,8 @@ def _rollback_file(args: argparse.Namespace) -> int:
         return fail(args, "rollback", str(exc))
     if summary.stopped is not None:
         s = summary.stopped
-        mismatch = f" (first mismatch: {s['first_mismatch']})" if s.get("first_mismatch") else ""
+        found = s.get("first_mismatch")
+        mismatch = f" (first mismatch: {found})" if found and found not in s["reason"] else ""
         print(f"error: stopped at entry {s['entry']}: {s['reason']}{mismatch}; the steps after it "
               "did not run: fix the cause and run the rollback again", file=sys.stderr)
         return 1

@@ -334,7 +334,8 @@ def _undo(entry: Entry, m: ToolManifest, now: datetime, refs: Refs) -> Step:
         if read_back is not None and read_back.left:
             what = ("what the read right after the call found" if c.verification is not None
                     and c.verification.after_call else "what the call left")
-            guard = (f"; it first checks that {', '.join(read_back.left)} still hold {what} "
+            verb = "holds" if len(read_back.left) == 1 else "hold"
+            guard = (f"; it first checks that {', '.join(read_back.left)} still {verb} {what} "
                      "(else the step is diverged and changes nothing)")
         elif read_back is not None and read_back.absent is None:
             guard = "; " + _no_guard(m, handle)
