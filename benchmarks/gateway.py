@@ -319,9 +319,12 @@ def _fsync_ms(folder: Path, n: int = 50) -> list[float]:
     return samples[5:]
 
 
-def _in_process(up_port: int, manifest: Path, ledger: Path, calls: int = 300) -> list[tuple[str, float]]:
-    """Median ms per call, one at a time in this process: the upstream call alone, and the
-    whole enforcement path around it with each store (no HTTP server in front)."""
+def _in_process(up_port: int, manifest: Path, ledger: Path,
+                calls: int = 300) -> list[tuple[str, float, float]]:
+    """Median wall ms and mean CPU ms per call, one at a time in this process: the upstream
+    call alone, and the whole enforcement path around it with each store (no HTTP server in
+    front). Their differences split a gateway's cost into the upstream client's, the
+    enforcement's and each store's; what the HTTP rows add beyond them is the server."""
     from unwind.gateway.catalogue import LocalCatalogue
     from unwind.gateway.enforce import CallRequest, Gateway, Settings
     from unwind.ledger.filestore import FileLocks, FileStore
@@ -330,7 +333,7 @@ def _in_process(up_port: int, manifest: Path, ledger: Path, calls: int = 300) ->
     from unwind.upstream.client import Upstream, prepare
     from unwind.upstream.secrets import LocalSecrets
 
-    async def measure() -> list[tuple[str, float]]:
+    async def measure() -> list[tuple[str, float, float]]:
         catalogue = LocalCatalogue([manifest])
         settings = Settings(scopes=frozenset({"bench:write"}), actor="bench")
         upstream = Upstream()
@@ -338,22 +341,24 @@ def _in_process(up_port: int, manifest: Path, ledger: Path, calls: int = 300) ->
         assert m is not None
         prepared = prepare(m.manifest, {"text": "hello", "n": 1}, LocalSecrets(), {})
 
-        async def timed(one: Callable[[], Awaitable[object]]) -> float:
+        async def timed(label: str, one: Callable[[], Awaitable[object]]) -> tuple[str, float, float]:
             for _ in range(30):
                 await one()
             samples = []
+            cpu0 = time.process_time()  # this process's threads: the fsync thread's too
             for _ in range(calls):
                 t0 = time.perf_counter()
                 await one()
                 samples.append((time.perf_counter() - t0) * 1000)
-            return statistics.median(samples)
+            cpu = (time.process_time() - cpu0) * 1000 / calls
+            return label, statistics.median(samples), cpu
 
-        rows = [("upstream call alone", await timed(lambda: upstream.send(prepared)))]
+        rows = [await timed("upstream call alone", lambda: upstream.send(prepared))]
         for label, store, locks in (("enforce + memory ledger", MemoryStore(), MemoryLocks()),
                                     ("enforce + file ledger", FileStore(ledger), FileLocks(ledger))):
             gw = Gateway(catalogue, store, locks, upstream, LocalSecrets(), settings)
-            rows.append((label, await timed(lambda gw=gw: gw.call(CallRequest(  # type: ignore[misc]
-                "bench.echo", {"text": "hello", "n": 1}, "bench-in-process", new_ulid())))))
+            rows.append(await timed(label, lambda gw=gw: gw.call(CallRequest(  # type: ignore[misc]
+                "bench.echo", {"text": "hello", "n": 1}, "bench-in-process", new_ulid()))))
         await upstream.aclose()
         return rows
 
@@ -587,8 +592,9 @@ def _print(args: argparse.Namespace, shapes: list[Shape], servers: list[Server],
         print(f"cluster rows skipped: {notes['cluster_skipped']}")
     elif "page_kib" in notes:
         print(f"cluster rows: ledger pages of {notes['page_kib']} KiB")
-    for label, ms in notes.get("in_process", []):  # type: ignore[attr-defined]
-        print(f"in-process, one call at a time: {label:26} {ms:6.3f} ms (median)")
+    for label, ms, cpu in notes.get("in_process", []):  # type: ignore[attr-defined]
+        print(f"in-process, one call at a time: {label:26} {ms:6.3f} ms (median), "
+              f"{cpu:6.3f} ms CPU per call")
     if "cluster_in_process_ms" in notes:
         print(f"in-process, one call at a time: {'enforce + EffectLedger':26} "
               f"{notes['cluster_in_process_ms']:6.3f} ms (median)")
