@@ -3,8 +3,10 @@
 `git_add` although the call's answer ("Files staged successfully") and the read-back (the
 staged diff) have nothing in common, because the divergence check compares the read made
 right after the call (`verification.after_call`) with the read made before the undo; a
-real later change (another file staged by hand) is still caught, and nothing is reset.
-Without `after_call` the same honest run is refused as diverged, as the page says.
+real later change (another file staged by hand) is still caught, and nothing is reset; a
+file staged before the run makes the undo fail its read-back (git_reset unstages it too),
+never report `undone`. Without `after_call` the same honest run is refused as diverged, as
+the page says.
 
 The manifests and commands are docs/manifests.md's ("A worked example: an MCP tool that
 answers prose"), read from the page, with a test's own repository and port.
@@ -107,6 +109,18 @@ def test_the_read_after_the_call_is_recorded_and_a_later_change_is_caught_not_re
     assert "diverged" in done.stdout + done.stderr, done.stdout + done.stderr
     assert "notes.md" in done.stdout + done.stderr  # it says what it found
     assert git(stack.repo, "status", "--short").splitlines() == ["A  notes.md", "A  plan.md"]  # nothing reset
+
+
+def test_a_file_staged_before_the_run_makes_the_undo_fail_its_read_back_not_report_undone(
+        stack: Stack) -> None:
+    git(stack.repo, "add", "notes.md")  # staged before the run: git_reset unstages it too
+    stack.stage("plan.md")
+    done = stack.rollback()
+    said = done.stdout + done.stderr
+    assert done.returncode != 0 and "the read-back git.diff_staged did not match" in said, said
+    (entry,) = stack.gateway.entries()
+    assert entry["state"] == "undo_failed", entry  # not undone: the index is not as before
+    assert git(stack.repo, "status", "--short").splitlines() == ["?? notes.md", "?? plan.md"]
 
 
 @pytest.fixture
