@@ -140,9 +140,8 @@ def _rollback_file(args: argparse.Namespace) -> int:
 
     def report(step: Any, result: dict[str, Any]) -> None:
         mark = "ok  " if result["ok"] else "FAIL"
-        said = result["reason"]  # a reason may begin with its outcome ("diverged: ...")
-        outcome = "" if said.startswith(f"{result['outcome']}:") else f"{result['outcome']}: "
-        print(f"{mark} {step.entry} {step.action} {result['tool']}: {outcome}{said}", flush=True)
+        print(f"{mark} {step.entry} {step.action} {result['tool']}: {result['outcome']}: "
+              f"{result['reason']}", flush=True)
     try:
         summary = asyncio.run(execute(ledger, plan, versions, selection, by=by,
                                       secrets=LocalSecrets(args.secrets_dir), report=report,
@@ -152,10 +151,9 @@ def _rollback_file(args: argparse.Namespace) -> int:
         return fail(args, "rollback", str(exc))
     if summary.stopped is not None:
         s = summary.stopped
-        found = s.get("first_mismatch")
-        mismatch = f" (first mismatch: {found})" if found and found not in s["reason"] else ""
-        print(f"error: stopped at entry {s['entry']}: {s['reason']}{mismatch}; the steps after it "
-              "did not run: fix the cause and run the rollback again", file=sys.stderr)
+        # a reason that has a first mismatch quotes it (undo/runner.py)
+        print(f"error: stopped at entry {s['entry']} ({s['outcome']}): {s['reason']}; the steps "
+              "after it did not run: fix the cause and run the rollback again", file=sys.stderr)
         return 1
     left = ", ".join(f"{s.entry} ({s.action})" for s in summary.left)
     print(f"rolled back: {plural(len(summary.results), 'step')} ran" + (f"; left behind: {left}" if left else ""))

@@ -209,7 +209,7 @@ async def _still_as_left(spec: StepInput, upstream: Upstream, secrets: Secrets,
         return False
     result.update(outcome="diverged", entry_state="undo_failed",
                   first_mismatch=found.replace(", expected ", ", the call left "),
-                  reason=f"diverged: {v.manifest.tool} reads a state the call did not leave "
+                  reason=f"{v.manifest.tool} reads a state the call did not leave "
                          f"({found.replace(', expected ', ', the call left ')}): it was changed "
                          f"after the call, so {m.tool} was not called (restoring would "
                          "overwrite that later change); decide by hand and record it with "
