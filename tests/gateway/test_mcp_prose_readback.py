@@ -24,11 +24,10 @@ from pathlib import Path
 import pytest
 
 from gateway.conftest import ROOT, GatewayProc, env, free_port, start_gateway, stop
-from tests.doc_sections import blocks, run_shell, section
+from tests.doc_sections import blocks, reader_env, run_shell, section
 
 SECTION = "### A worked example: an MCP tool that answers prose (mcp-server-git)"
 REPO = "/tmp/unwind-repo"
-PATH = {"PATH": f"{Path(sys.executable).parent}:{env().get('PATH', '')}"}  # mcp-server-git
 
 
 def page() -> tuple[str, str]:
@@ -70,7 +69,7 @@ class Stack:
     def rollback(self) -> subprocess.CompletedProcess[str]:
         return subprocess.run([sys.executable, "-m", "unwind.cli.main", "rollback", "--ledger",
                                str(self.gateway.ledger / "run-1.json"), "-m", str(self.manifests), "--yes"],
-                              cwd=ROOT, env={**env(), **PATH}, capture_output=True, text=True, timeout=120)
+                              cwd=ROOT, env=reader_env(), capture_output=True, text=True, timeout=120)
 
 
 def stack_for(tmp_path: Path, manifests_text: str) -> Iterator[Stack]:
@@ -86,7 +85,7 @@ def stack_for(tmp_path: Path, manifests_text: str) -> Iterator[Stack]:
     folder.mkdir()
     (folder / "tools.yaml").write_text(manifests_text.replace(REPO, str(repo)))
     gw = start_gateway(folder, tmp_path / "ledger", tmp_path, "--run", "run-1",
-                       scopes="git:read,git:write", env_extra=PATH)
+                       scopes="git:read,git:write", env_extra=reader_env())  # mcp-server-git
     try:
         yield Stack(repo, folder, gw)
     finally:
