@@ -33,7 +33,12 @@ EXPECTED_CLUSTER_RULES = {
     ("unwind.dev", "toolmanifests"): {"get", "list", "watch", "patch"},
     ("unwind.dev", "toolmanifests/status"): {"get", "patch", "update"},
     ("unwind.dev", "approvals"): {"get", "list", "watch"},
-    ("", "serviceaccounts"): {"get"},
+    ("", "serviceaccounts"): {"get", "create"},  # create: the namespace's unwind-gateway
+    # the gateways' token exchange (operator/exchange.py)
+    ("authentication.k8s.io", "tokenreviews"): {"create"},
+    ("", "serviceaccounts/token"): {"create"},
+    ("rbac.authorization.k8s.io", "rolebindings"): {"get", "create"},
+    ("rbac.authorization.k8s.io", "clusterroles"): {"bind"},
     ("unwind.dev", "effectledgers"): {"get", "list", "watch", "delete"},
     ("unwind.dev", "effectledgers/status"): {"get", "update"},
     ("admissionregistration.k8s.io", "validatingwebhookconfigurations"): {"get", "patch"},
@@ -58,6 +63,7 @@ EXPECTED_KEYS_RULES = {
     ("", "secrets"): {"get", "create", "update"},
     ("", "configmaps"): {"get", "create", "update"},
     ("coordination.k8s.io", "leases"): {"get", "create", "update"},
+    ("", "services"): {"get"},  # the webhook Service's address, for the exchange
 }
 
 
@@ -263,7 +269,9 @@ def test_two_replicas_roll_one_at_a_time_and_a_disruption_budget_keeps_one_up(ch
 def test_the_webhooks_fail_closed_skip_the_operator_namespace_and_go_through_the_service(chart: Any) -> None:
     objects = render(chart)
     service = next(o for o in objects if o["kind"] == "Service" and o["metadata"]["name"] == "unwind-webhook")
-    assert service["spec"]["ports"] == [{"name": "webhook", "port": 443, "targetPort": "webhook", "protocol": "TCP"}]
+    assert service["spec"]["ports"] == [{"name": "webhook", "port": 443, "targetPort": "webhook", "protocol": "TCP"},
+                                        {"name": "exchange", "port": 9444, "targetPort": "exchange",
+                                         "protocol": "TCP"}]
     hooks = [h for kind in ("ValidatingWebhookConfiguration", "MutatingWebhookConfiguration")
              for h in only(objects, kind)["webhooks"]]
     assert {h["name"] for h in hooks} == {"toolmanifests.validate.unwind.dev", "approvals.validate.unwind.dev",
@@ -303,9 +311,10 @@ def test_the_webhook_port_is_closed_to_all_but_the_api_server_by_a_network_polic
     webhook, others = policy["spec"]["ingress"]
     assert webhook == {"from": [{"ipBlock": {"cidr": "10.0.0.0/28"}}, {"ipBlock": {"cidr": "192.168.1.5/32"}}],
                        "ports": [{"port": "webhook", "protocol": "TCP"}]}
-    assert "from" not in others and {p["port"] for p in others["ports"]} == {"health", "metrics"}
+    # the exchange is open to every pod: each caller is checked by TokenReview
+    assert "from" not in others and {p["port"] for p in others["ports"]} == {"exchange", "health", "metrics"}
     ports = {p["name"] for p in operator_container(objects)["ports"]}
-    assert ports == {"webhook", "health", "metrics"}
+    assert ports == {"webhook", "exchange", "health", "metrics"}
     with pytest.raises(Exception, match="apiServerCIDRs"):
         render(chart, {"webhook": {"networkPolicy": {"enabled": True}}})
     with pytest.raises(helm.HelmValuesError, match="apiServerCIDRs"):
@@ -697,7 +706,6 @@ def test_shared_gateways_add_exactly_the_operators_rules_for_them_and_their_sett
         ("", "serviceaccounts"): {"get", "create", "update", "delete"},
         ("rbac.authorization.k8s.io", "rolebindings"): {"get", "create", "update", "delete"},
         ("rbac.authorization.k8s.io", "clusterrolebindings"): {"get", "create", "update", "delete"},
-        ("rbac.authorization.k8s.io", "clusterroles"): {"bind"},
     }
     bind = [r for r in named(objects, "ClusterRole", "unwind-operator")["rules"]
             if r["verbs"] == ["bind"]]

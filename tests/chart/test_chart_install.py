@@ -168,6 +168,16 @@ def test_the_operator_may_not_delete_or_escalate(installed: dict[str, Any], api:
     assert not may(api, "update", "controllerrevisions", group="apps", namespace="payments")
     assert not may(api, "create", "clusterrolebindings", group="rbac.authorization.k8s.io")
     assert not may(api, "create", "pods", namespace="payments")
+    # the gateways' token exchange: tokens of unwind-gateway only, bindings to its role only
+    assert may(api, "create", "serviceaccounts", subresource="token", namespace="payments", name="unwind-gateway")
+    assert not may(api, "create", "serviceaccounts", subresource="token", namespace="payments", name="default")
+    assert not may(api, "create", "serviceaccounts", subresource="token", namespace="kube-system",
+                   name="clusterrole-aggregation-controller")
+    assert may(api, "bind", "clusterroles", group="rbac.authorization.k8s.io", name="unwind-gateway")
+    assert not may(api, "bind", "clusterroles", group="rbac.authorization.k8s.io", name="cluster-admin")
+    assert not may(api, "escalate", "clusterroles", group="rbac.authorization.k8s.io", name="cluster-admin")
+    assert not may(api, "update", "rolebindings", group="rbac.authorization.k8s.io", namespace="payments",
+                   name="unwind-gateway")
 
 
 def test_uninstall_removes_the_release_objects(

@@ -184,7 +184,7 @@ def test_the_readme_story_runs_in_containers_and_the_demo_pod_completes(
 
 
 def demo_account() -> list[dict[str, Any]]:
-    """examples/demo-agent.yaml's ServiceAccount and RoleBinding (not its Pod)."""
+    """examples/demo-agent.yaml's ServiceAccount (not its Pod)."""
     docs = [d for d in yaml.safe_load_all((ROOT / "examples" / "demo-agent.yaml").read_text()) if d]
     return [d for d in docs if d["kind"] != "Pod"]
 

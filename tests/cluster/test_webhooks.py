@@ -63,7 +63,8 @@ def test_killing_the_leader_hands_reconciling_to_the_other_replica_while_the_web
         tmp_path: Path) -> None:
     args = tuple(a for a in operator.args if not a.startswith("--metrics-port"))
     second = OperatorProcess(operator.kubeconfig, tmp_path / "second.log", args,
-                             webhook_port=operator.webhook_port).start()
+                             webhook_port=operator.webhook_port,
+                             exchange_port=operator.exchange_port).start()
     try:
         apply(control_plane.kubeconfig, namespace, tm("read", READ))
         wait_for("published by the leader", lambda: enforced(k8s_api, namespace) == {"shop.get_order": 1})
@@ -119,7 +120,8 @@ def test_an_operator_given_the_api_servers_client_ca_answers_the_api_server_and_
     monkeypatch.setenv("UNWIND_WEBHOOK_CLIENT_CA", str(control_plane.webhook_client_ca))
     monkeypatch.setenv("UNWIND_WEBHOOK_CLIENT_NAMES", "kube-apiserver-webhook-client")
     guarded = OperatorProcess(operator.kubeconfig, tmp_path / "guarded.log", operator.args,
-                              webhook_port=operator.webhook_port).start()
+                              webhook_port=operator.webhook_port,
+                             exchange_port=operator.exchange_port).start()
     try:
         # the API server presents its webhook client certificate: applies are stamped
         apply(control_plane.kubeconfig, namespace, tm("read", READ))

@@ -27,12 +27,20 @@ def by_kind(objects: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return {f"{o['kind']}/{o['metadata']['name']}": o for o in objects}
 
 
-def test_a_namespace_that_does_not_ask_gets_nothing_and_loses_what_it_had() -> None:
-    assert desired("payments", {}, SETTINGS, []) == []
-    had = {key: None for key in managed_names("payments")}
-    had[("Deployment", "unwind-gateway")] = {"metadata": {"labels": {
-        "app.kubernetes.io/managed-by": "unwind-operator"}}}
-    assert [(c.action, c.kind) for c in changes("payments", [], had)] == [("delete", "Deployment")]
+def test_a_namespace_that_does_not_ask_keeps_only_the_gateway_identity_and_loses_the_rest() -> None:
+    # the identity is every injected sidecar's too (operator/exchange.py): never deleted
+    wanted = desired("payments", {}, SETTINGS, [])
+    assert sorted(f"{o['kind']}/{o['metadata']['name']}" for o in wanted) == [
+        "RoleBinding/unwind-gateway", "ServiceAccount/unwind-gateway"]
+    assert by_kind(wanted)["RoleBinding/unwind-gateway"]["roleRef"]["name"] == "unwind-gateway"
+    ours = {"metadata": {"labels": {"app.kubernetes.io/managed-by": "unwind-operator"}}}
+    had = {key: ours for key in managed_names("payments")}
+    assert sorted((c.action, c.kind, c.name) for c in changes("payments", wanted, had)) == [
+        ("delete", "ClusterRoleBinding", "unwind-gateway-tokenreview-payments"),
+        ("delete", "ConfigMap", "unwind-gateway"), ("delete", "Deployment", "unwind-gateway"),
+        ("delete", "RoleBinding", "unwind-gateway-callers"), ("delete", "Service", "unwind-gateway"),
+        # the two kept are replaced only because this stand-in lacks their hash
+        ("replace", "RoleBinding", "unwind-gateway"), ("replace", "ServiceAccount", "unwind-gateway")]
 
 
 def test_the_shared_gateway_runs_under_its_own_identity_with_the_bundles_secrets_only_in_it() -> None:

@@ -57,7 +57,9 @@ def cmd_operator(args: argparse.Namespace) -> int:
         names += WebhookConfig.service_names(args.webhook_service, namespace)
     webhook = WebhookConfig(addr=args.webhook_addr, port=args.webhook_port, names=names or ("127.0.0.1",),
                             configurations=tuple(args.webhook_configuration or ("unwind",)),
-                            lifetimes=lifetimes)
+                            lifetimes=lifetimes, service=args.webhook_service or "",
+                            exchange_port=args.exchange_port, exchange_url=args.exchange_url,
+                            role_prefix=args.role_prefix)
     config = Config(operator_namespace=namespace, namespaces=tuple(args.namespace or ()),
                     trusted_appliers=appliers, four_eyes=four_eyes == "true", bundle_window=window,
                     webhook=webhook, lease=Timing(lease, lease * 2 / 3, max(0.5, lease / 7.5)),
@@ -267,6 +269,16 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    "serving certificate")
     p.add_argument("--webhook-name", action="append", help="another DNS name or IP for the serving "
                    "certificate (repeatable; 127.0.0.1 when none is given)")
+    p.add_argument("--exchange-port", type=int, default=os.environ.get("UNWIND_EXCHANGE_PORT", "9444"),
+                   help="HTTPS port where injected gateways trade their pod's token for one of ServiceAccount "
+                   "unwind-gateway (default $UNWIND_EXCHANGE_PORT or 9444; 0: none, and gateways act as "
+                   "their pod's ServiceAccount, which then needs the gateway role). docs/security.md")
+    p.add_argument("--exchange-url", default=os.environ.get("UNWIND_EXCHANGE_URL", ""),
+                   help="where gateways reach the exchange (default: the --webhook-service's cluster IP, "
+                   "port exchange; without a Service, the webhooks' address)")
+    p.add_argument("--role-prefix", default=os.environ.get("UNWIND_ROLE_PREFIX", "unwind"),
+                   help="the chart's fullname: each namespace's unwind-gateway is bound to ClusterRole "
+                   "PREFIX-gateway (default $UNWIND_ROLE_PREFIX or unwind)")
     p.add_argument("--webhook-configuration", action="append", help="Validating/Mutating webhook "
                    "configuration whose caBundle the operator keeps current (repeatable; default unwind)")
     p.add_argument("--webhook-cert-lifetime", default="90d", help="serving certificate lifetime; "

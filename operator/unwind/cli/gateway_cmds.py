@@ -349,6 +349,7 @@ def _cluster_parts(args: argparse.Namespace, metrics: Any) -> _Parts:
     from ..gateway.bundle_catalogue import BundleCatalogue
     from ..gateway.kube import (
         TOKEN_DIR,
+        ExchangedToken,
         InClusterConfig,
         KubeClient,
         KubeConfigError,
@@ -372,9 +373,10 @@ def _cluster_parts(args: argparse.Namespace, metrics: Any) -> _Parts:
                               "--namespace") from None
     operator_ns = (args.operator_namespace or os.environ.get("UNWIND_OPERATOR_NAMESPACE")
                    or "unwind-system")
-    kube = KubeClient(config, timeout_s=args.api_timeout)
     try:
-        subject = token_subject(kube.token())
+        kube = KubeClient(config, timeout_s=args.api_timeout, exchange=ExchangedToken.from_env(os.environ))
+        # with an exchange the pod's token is the operator's audience: the actor is UNWIND_ACTOR
+        subject = token_subject(kube.token()) if kube.exchange is None else None
     except KubeConfigError as exc:
         raise _SetupError(str(exc)) from None
     actor = args.actor or os.environ.get("UNWIND_ACTOR") or subject

@@ -176,12 +176,14 @@ class OperatorProcess:
     log: Path
     args: tuple[str, ...] = ()
     webhook_port: int = 0  # the admission webhooks' port on 127.0.0.1 (shared by replicas)
+    exchange_port: int = 0  # the gateways' token exchange on 127.0.0.1 (shared by replicas)
     proc: subprocess.Popen[bytes] | None = None
     port: int = 0
 
     def start(self, detach: bool = False) -> OperatorProcess:
-        self.port = free_ports(1)[0]
-        self.webhook_port = self.webhook_port or free_ports(1)[0]
+        self.port, webhook, exchange = free_ports(3)  # one call: three distinct ports
+        self.webhook_port = self.webhook_port or webhook
+        self.exchange_port = self.exchange_port or exchange
         # as the chart's Deployment runs it (MALLOC_ARENA_MAX: see charts/unwind/templates/deployment.yaml)
         env = {"MALLOC_ARENA_MAX": "2", **os.environ, "KUBECONFIG": str(self.kubeconfig), "PYTHONUNBUFFERED": "1"}
         with self.log.open("ab") as out:
@@ -190,7 +192,8 @@ class OperatorProcess:
                  f"--operator-namespace={OPERATOR_NAMESPACE}",
                  f"--liveness=http://127.0.0.1:{self.port}/healthz",
                  "--webhook-addr=127.0.0.1", f"--webhook-port={self.webhook_port}",
-                 "--webhook-name=127.0.0.1", f"--webhook-configuration={RELEASE}", *self.args],
+                 "--webhook-name=127.0.0.1", f"--webhook-configuration={RELEASE}",
+                 f"--exchange-port={self.exchange_port}", *self.args],
                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
                 start_new_session=detach)
         self.wait_live()

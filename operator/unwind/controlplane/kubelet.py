@@ -114,9 +114,12 @@ class PodRunner:
             raise
         return {k: base64.b64decode(v) for k, v in (secret.data or {}).items()}
 
-    def _token(self, expiration: int | None) -> bytes:
-        request = client.AuthenticationV1TokenRequest(
-            spec=client.V1TokenRequestSpec(audiences=[], expiration_seconds=expiration or 3600))
+    def _token(self, expiration: int | None, audience: str | None = None) -> bytes:
+        # as the kubelet asks: the source's audience, bound to the pod (it dies with it)
+        request = client.AuthenticationV1TokenRequest(spec=client.V1TokenRequestSpec(
+            audiences=[audience] if audience else [], expiration_seconds=expiration or 3600,
+            bound_object_ref=client.V1BoundObjectReference(kind="Pod", api_version="v1", name=self.pod.metadata.name,
+                                                           uid=self.pod.metadata.uid)))
         answer = self.core.create_namespaced_service_account_token(
             self.pod.spec.service_account_name or "default", self.namespace, request)
         return str(answer.status.token).encode()
@@ -143,7 +146,8 @@ class PodRunner:
                     if source.service_account_token is not None:
                         if first or not (folder / source.service_account_token.path).exists():
                             files[source.service_account_token.path] = self._token(
-                                source.service_account_token.expiration_seconds)
+                                source.service_account_token.expiration_seconds,
+                                source.service_account_token.audience)
                     elif source.config_map is not None:
                         data = self._config_map(source.config_map.name, source.config_map.optional)
                         files.update(self._items(data, source.config_map.items))

@@ -15,7 +15,9 @@ caller turns into a refusal (the ledger's 503), never a call that waits forever.
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import datetime as dt
 import json
 import logging
 import os
@@ -92,11 +94,91 @@ def token_subject(token: str) -> str | None:
         return None
 
 
-class KubeClient:
-    """JSON requests to the API server with the pod's token (read again when it changes)."""
+EXCHANGE_PATH = "/v1/gateway-token"
 
-    def __init__(self, config: InClusterConfig, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+
+@dataclass
+class ExchangedToken:
+    """The gateway's own identity (issue 29, item 10): a token of ServiceAccount
+    ``unwind-gateway``, traded at the operator (``UNWIND_TOKEN_EXCHANGE``) for the pod's
+    projected token of audience ``unwind-operator``. Renewed when half its life is gone, by
+    the first request after that (the bundle's poll makes one every few seconds); a failed
+    renewal keeps the token it has until a minute before it expires, and is tried again at
+    most every ``retry_s``."""
+
+    url: str
+    ca_pem: str
+    server_name: str = ""
+    retry_s: float = 5.0
+    token: str = ""
+    renew_at: float = 0.0  # monotonic
+    expires_at: float = 0.0
+    _tried: float = -1e9
+    _ssl: ssl.SSLContext | None = None
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str]) -> ExchangedToken | None:
+        url = environ.get("UNWIND_TOKEN_EXCHANGE", "").strip()
+        if not url:
+            return None
+        ca = environ.get("UNWIND_EXCHANGE_CA", "")
+        if "BEGIN CERTIFICATE" not in ca:
+            raise KubeConfigError("UNWIND_TOKEN_EXCHANGE is set but UNWIND_EXCHANGE_CA holds no PEM certificate "
+                                  "(the injection sets both): without it the operator's answer cannot be checked")
+        return cls(url.rstrip("/"), ca, environ.get("UNWIND_EXCHANGE_SERVER_NAME", "").strip())
+
+    def due(self, now: float) -> bool:
+        return now >= self.renew_at and now - self._tried >= self.retry_s
+
+    async def renew(self, session: aiohttp.ClientSession, presented: str, now: float) -> None:
+        """Trade ``presented`` (the projected token) for a new token; on failure keep the one
+        held while it has a minute left, else raise KubeUnreachable (the caller's 503)."""
+        self._tried = now
+        if self._ssl is None:
+            self._ssl = ssl.create_default_context(cadata=self.ca_pem)
+        try:
+            async with session.post(self.url + EXCHANGE_PATH, headers={"Authorization": f"Bearer {presented}"},
+                                    ssl=self._ssl, server_hostname=self.server_name or None) as response:
+                body = await response.json(content_type=None)
+                status = response.status
+        except (TimeoutError, aiohttp.ClientError, OSError, ValueError) as exc:
+            return self._failed(f"did not answer ({type(exc).__name__}: {exc})", now,
+                                "is the Unwind operator running? `kubectl -n unwind-system get pods`")
+        if status != 200 or not isinstance(body, dict) or not isinstance(body.get("token"), str):
+            why = body.get("error") if isinstance(body, dict) else None
+            return self._failed(f"answered {status}: {why or 'no token'}", now,
+                                "the operator's log says why (`kubectl -n unwind-system logs deploy/unwind-operator`)")
+        lifetime = _seconds_left(str(body.get("expiresAt") or ""))
+        self.token = body["token"]
+        self.expires_at = now + lifetime
+        self.renew_at = now + lifetime / 2
+        log.info("gateway token from the operator (%s) for %.0f s", body.get("serviceAccount"), lifetime)
+
+    def _failed(self, why: str, now: float, hint: str) -> None:
+        message = f"the operator's token exchange {self.url} {why}"
+        if self.token and now < self.expires_at - 60:
+            log.warning("%s; keeping the token held (%.0f s left)", message, self.expires_at - now)
+            return
+        raise KubeUnreachable(f"{message}: the gateway has no token for the API server ({hint})")
+
+
+def _seconds_left(stamp: str) -> float:
+    try:
+        when = dt.datetime.fromisoformat(stamp.replace("Z", "+00:00"))
+    except ValueError:
+        return 600.0  # no expiry said: renew in five minutes
+    return max(60.0, (when - dt.datetime.now(dt.UTC)).total_seconds())
+
+
+class KubeClient:
+    """JSON requests to the API server with the pod's token (read again when it changes), or
+    with the token the operator traded for it (``exchange``)."""
+
+    def __init__(self, config: InClusterConfig, *, timeout_s: float = DEFAULT_TIMEOUT_S,
+                 exchange: ExchangedToken | None = None) -> None:
         self.config = config
+        self.exchange = exchange
+        self._renewing: asyncio.Lock | None = None
         self.timeout = aiohttp.ClientTimeout(total=timeout_s)
         self._ssl: ssl.SSLContext | None = None  # made on the first request
         self._session: aiohttp.ClientSession | None = None
@@ -129,8 +211,9 @@ class KubeClient:
                 self._ssl = ssl.create_default_context(cafile=str(self.config.ca_file))
             except (OSError, ssl.SSLError) as exc:
                 raise KubeUnreachable(f"cannot use the CA {self.config.ca_file}: {exc}") from None
+        token = await self._exchanged() if self.exchange is not None else self.token()
         data = None if body is None else json.dumps(body, separators=(",", ":")).encode("utf-8")
-        headers = {"Authorization": f"Bearer {self.token()}", "Accept": accept}
+        headers = {"Authorization": f"Bearer {token}", "Accept": accept}
         if data is not None:
             headers["Content-Type"] = content_type
             self.bytes_sent += len(data)
@@ -152,6 +235,18 @@ class KubeClient:
         except ValueError:
             decoded = {"message": raw[:200].decode("utf-8", "replace")}
         return status, decoded
+
+    async def _exchanged(self) -> str:
+        exchange = self.exchange
+        assert exchange is not None and self._session is not None
+        if exchange.due(time.monotonic()):
+            self._renewing = self._renewing or asyncio.Lock()
+            async with self._renewing:  # one renewal at a time; the others use its token
+                if exchange.due(time.monotonic()):
+                    await exchange.renew(self._session, self.token(), time.monotonic())
+        if not exchange.token:
+            raise KubeUnreachable(f"no token from the operator's token exchange {exchange.url} yet")
+        return exchange.token
 
     async def get(self, path: str, *, metadata_only: bool = False) -> Any | None:
         """The object, or None when it does not exist (404). ``metadata_only`` asks for the

@@ -237,7 +237,19 @@ def build_registry(config: Config, api: client.ApiClient) -> kopf.OperatorRegist
                           sidecar=Sidecar(config.gateway_image, config.operator_namespace,
                                           native=sidecar_form(api, config.sidecar_mode))
                           if config.gateway_image else None)
-    server = WebhookServer(tls, admission, config.webhook.addr, config.webhook.port)
+    exchange = None
+    if config.webhook.exchange_port and config.gateway_image:
+        # injected gateways trade their pod's token for one of unwind-gateway (exchange.py)
+        from .exchange import TokenExchange
+        from .hooks import ExchangeAddress
+
+        exchange = TokenExchange(api, admission.api_audiences, config.webhook.role_prefix)
+        core = client.CoreV1Api(api)
+        admission.exchange = ExchangeAddress(
+            lambda name: core.read_namespaced_service(name, config.operator_namespace),
+            lambda: tls.ca_pem, config.webhook)
+    server = WebhookServer(tls, admission, config.webhook.addr, config.webhook.port,
+                           exchange=exchange, exchange_port=config.webhook.exchange_port)
     # Rollbacks, lost answers and retention (jobs.py): a loop of their own, leader only.
     rollbacks = RollbackLoop(RollbackWorker(kube, RollbackConfig(
         config.gateway_image, config.rollback_parallelism, config.lookup_seconds, config.retention_dry_run,

@@ -58,6 +58,10 @@ class WebhookConfig:
     names: tuple[str, ...] = ("127.0.0.1",)  # what the serving certificate is for
     configurations: tuple[str, ...] = ("unwind",)  # webhook configurations whose caBundle we keep
     lifetimes: Lifetimes = field(default_factory=Lifetimes)
+    service: str = ""  # the webhooks' Service (the chart's): the exchange is at its address
+    exchange_port: int = 9444  # the gateways' token exchange (exchange.py); 0: none
+    exchange_url: str = ""  # where gateways reach it, when not the Service's address
+    role_prefix: str = "unwind"  # the chart's fullname: ClusterRole <prefix>-gateway
 
     @staticmethod
     def service_names(service: str, namespace: str) -> tuple[str, ...]:
@@ -100,6 +104,9 @@ class Admission:
     pod_context: PodContext | None = None
     # what the API server accepts as its audience: a projected token for one is refused
     api_audiences: frozenset[str] = field(default_factory=lambda: operator_api_audiences())
+    # where injected gateways trade their token (ExchangeAddress): None, they act as the pod's
+    # ServiceAccount
+    exchange: Callable[[], tuple[str, str, str]] | None = None
 
     def handlers(self) -> dict[str, Handler]:
         return {"validate-toolmanifest": self.validate_toolmanifest, "stamp-toolmanifest": self.stamp_toolmanifest,
@@ -174,8 +181,11 @@ class Admission:
                           f"set it, or {WHAT_TO_DO}", 503)
         spec = req.new.get("spec") if isinstance(req.new.get("spec"), Mapping) else {}
         account = str((spec or {}).get("serviceAccountName") or "default")
+        sidecar = self.sidecar
         try:
             scopes, secrets = await asyncio.to_thread(self.pod_context, req.namespace, account)
+            if self.exchange is not None:
+                sidecar = replace(sidecar, exchange=await asyncio.to_thread(self.exchange))
         except Refused:
             raise
         except Exception as exc:
@@ -184,19 +194,61 @@ class Admission:
                           "is not admitted without its gateway; try again", 503) from None
         # A gateway already there counts only as exactly what this webhook writes (a second
         # call for the same pod); the isolation check runs on every labelled pod.
-        foreign = foreign_gateway(req.new, req.namespace, scopes, secrets, self.sidecar)
+        foreign = foreign_gateway(req.new, req.namespace, scopes, secrets, sidecar)
         if foreign:
             raise Refused(listed(foreign, "this pod asks for an Unwind gateway but brings its own; "
                                           f"{WHAT_TO_DO}:"), 400)
         ours = bool(named_gateways(spec or {}))
-        problems = (isolation_of(req.new, req.namespace, scopes, secrets, self.sidecar, self.api_audiences)
+        problems = (isolation_of(req.new, req.namespace, scopes, secrets, sidecar, self.api_audiences)
                     if ours else isolation_problems(req.new, secrets, self.api_audiences))
         if problems:
             raise Refused(listed(problems, "this pod asks for an Unwind gateway but its spec would let the "
                                            f"agent around it; {WHAT_TO_DO}:"), 400)
         if ours:
             return completed(req.new)
-        return inject(req.new, req.namespace, scopes, secrets, self.sidecar)
+        return inject(req.new, req.namespace, scopes, secrets, sidecar)
+
+
+@dataclass
+class ExchangeAddress:
+    """What an injected gateway is told of the token exchange: (url, CA PEM, TLS name). The
+    url is ``url`` when given (``--exchange-url``), else the webhooks' Service's cluster IP
+    and port ``exchange`` (pods here may have no DNS; the TLS name is then the Service's DNS
+    name, which the certificate is for), else the webhooks' own address (an operator run
+    beside the API server, as the local control plane's tests run it)."""
+
+    read_service: Callable[[str], Any]  # name -> V1Service in the operator's namespace
+    ca_pem: Callable[[], str]
+    config: WebhookConfig
+    _found: str = ""
+
+    def _url(self) -> str:
+        c = self.config
+        if c.exchange_url:
+            return c.exchange_url.rstrip("/")
+        if not c.service:
+            host = c.addr if c.addr not in ("0.0.0.0", "::", "") else "127.0.0.1"
+            return f"https://{host}:{c.exchange_port}"
+        if not self._found:
+            svc = self.read_service(c.service)
+            ip = svc.spec.cluster_ip
+            if not ip or ip == "None":
+                raise Refused(f"Service {c.service} has no cluster IP, so gateways cannot reach the token "
+                              "exchange; give the operator --exchange-url", 503)
+            port = next((p.port for p in svc.spec.ports or [] if p.name == "exchange"), c.exchange_port)
+            self._found = f"https://{ip}:{port}" if ":" not in ip else f"https://[{ip}]:{port}"
+        return self._found
+
+    def __call__(self) -> tuple[str, str, str]:
+        ca = self.ca_pem()
+        if not ca:
+            raise Refused("the operator's certificate is not ready yet, so its gateways could not check the "
+                          "token exchange; try again in a few seconds", 503)
+        url, c = self._url(), self.config
+        # the certificate is for the Service's names (WebhookConfig.service_names), not its IP
+        name = "" if not c.service or c.exchange_url else next(
+            (n for n in c.names if n.startswith(f"{c.service}.") and n.endswith(".svc")), "")
+        return url, ca, name
 
 
 def _named(req: Request) -> tuple[Request, list[dict[str, Any]]]:

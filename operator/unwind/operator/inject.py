@@ -3,9 +3,11 @@
 
 The gateway container gets everything the pod's agent must not have:
 
-- the pod's ServiceAccount token, projected into the gateway container only (the pod's
-  ``automountServiceAccountToken`` is turned off, so the agent's containers get none): the
-  agent cannot rewrite its own ledger;
+- a token of the pod's ServiceAccount, projected into the gateway container only (the pod's
+  ``automountServiceAccountToken`` is turned off, so the agent's containers get none), of the
+  audience ``unwind-operator``: the gateway trades it at the operator for a token of
+  ServiceAccount ``unwind-gateway`` bound to the pod (``Sidecar.exchange``, exchange.py), the
+  only identity that writes ledgers; the agent's own ServiceAccount holds no Unwind right;
 - the Secrets the namespace's manifests name for upstream headers, mounted into the
   gateway container only: the agent cannot call an upstream with those credentials;
 - its scopes, read from the ServiceAccount's ``unwind.dev/scopes`` annotation *at
@@ -68,6 +70,9 @@ SECRETS_DIR = "/etc/unwind/secrets"
 PORT = 8787
 STATUS_PORT = 8788  # the probes' port (gateway/status.py): /healthz and /readyz, nothing else
 TOKEN_VOLUME, TMP_VOLUME, SECRET_VOLUME_PREFIX = "unwind-token", "unwind-tmp", "unwind-s-"
+# the audience of the token projected into the gateway with an exchange: the operator's,
+# which the API server does not accept (exchange.py trades it for unwind-gateway's)
+EXCHANGE_AUDIENCE = "unwind-operator"
 
 
 @dataclass(frozen=True)
@@ -83,6 +88,9 @@ class Sidecar:
     cpu: tuple[str, str] = ("100m", "1")
     memory: tuple[str, str] = ("96Mi", "256Mi")
     native: bool = False  # a native sidecar (Kubernetes >= 1.29), else a plain container
+    # where the gateway trades its pod's token for one of unwind-gateway (exchange.py):
+    # (url, CA PEM, TLS server name); None: it acts as the pod's ServiceAccount (the way before)
+    exchange: tuple[str, str, str] | None = None
 
 
 NATIVE_SINCE = (1, 29)  # restartPolicy: Always on an init container is on by default from 1.29
@@ -203,6 +211,13 @@ def gateway_parts(pod: Mapping[str, Any], namespace: str, scopes: str | None, se
         {"name": "UNWIND_CA_FILE", "value": f"{TOKEN_DIR}/ca.crt"},
         {"name": "UNWIND_SECRETS_DIR", "value": SECRETS_DIR},
     ]
+    token: dict[str, Any] = {"path": "token", "expirationSeconds": 3600}
+    if sidecar.exchange is not None:
+        url, ca_pem, server_name = sidecar.exchange
+        token["audience"] = EXCHANGE_AUDIENCE
+        env += [{"name": "UNWIND_TOKEN_EXCHANGE", "value": url},
+                {"name": "UNWIND_EXCHANGE_CA", "value": ca_pem},
+                *([{"name": "UNWIND_EXCHANGE_SERVER_NAME", "value": server_name}] if server_name else [])]
     mounts: list[dict[str, Any]] = [
         {"name": TOKEN_VOLUME, "mountPath": TOKEN_DIR, "readOnly": True},
         {"name": TMP_VOLUME, "mountPath": "/tmp"},
@@ -210,7 +225,7 @@ def gateway_parts(pod: Mapping[str, Any], namespace: str, scopes: str | None, se
     container = gateway_container(sidecar, env, mounts)
     volumes = [
         {"name": TOKEN_VOLUME, "projected": {"sources": [
-            {"serviceAccountToken": {"path": "token", "expirationSeconds": 3600}},
+            {"serviceAccountToken": token},
             {"configMap": {"name": "kube-root-ca.crt", "items": [{"key": "ca.crt", "path": "ca.crt"}]}}]}},
         {"name": TMP_VOLUME, "emptyDir": {"sizeLimit": "16Mi"}},
         *({"name": _volume_name(n), "secret": {"secretName": n}} for n in names),
@@ -426,7 +441,11 @@ def isolation_problems(pod: Mapping[str, Any], secrets: Iterable[str] = (),
         sources = projected.get("sources") if isinstance(projected, Mapping) else None
         for i, source in enumerate(sources if isinstance(sources, list) else []):
             token = source.get("serviceAccountToken") if isinstance(source, Mapping) else None
-            if isinstance(token, Mapping) and _for_api_server(token.get("audience"), audiences):
+            if isinstance(token, Mapping) and token.get("audience") == EXCHANGE_AUDIENCE:
+                out.append(f"spec.volumes[{v}].projected.sources[{i}].serviceAccountToken: a token of the "
+                           f"audience {EXCHANGE_AUDIENCE!r} is the gateway's, which it trades at the operator "
+                           "for the token that writes the ledger; remove it")
+            elif isinstance(token, Mapping) and _for_api_server(token.get("audience"), audiences):
                 said = f"audience {token.get('audience')!r}, which the API server accepts" \
                     if token.get("audience") else "no audience: the API server's"
                 out.append(f"spec.volumes[{v}].projected.sources[{i}].serviceAccountToken: a token for the "

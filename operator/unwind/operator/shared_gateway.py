@@ -109,27 +109,36 @@ def limits_of(annotations: Mapping[str, str], settings: SharedSettings) -> Mappi
     return dict(data)
 
 
+def _role_binding(name: str, namespace: str, role: str, kind: str, ns: str | None) -> dict[str, Any]:
+    return {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": kind,
+            "metadata": _meta(name, ns), "subjects": [{"kind": "ServiceAccount", "name": NAME, "namespace": namespace}],
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role}}
+
+
+def identity(namespace: str, role_prefix: str) -> list[dict[str, Any]]:
+    """The namespace's gateway identity: ServiceAccount unwind-gateway, the only holder of the
+    ClusterRole ``<prefix>-gateway`` there (a RoleBinding). The shared gateway runs as it, and
+    every injected sidecar trades its pod's token for one of it (exchange.py), so it is kept
+    whether or not the namespace asks for a shared gateway."""
+    return [_hashed({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": _meta(NAME, namespace),
+                     "automountServiceAccountToken": False}),
+            _hashed(_role_binding(NAME, namespace, f"{role_prefix}-gateway", "RoleBinding", namespace))]
+
+
 def desired(namespace: str, annotations: Mapping[str, str], settings: SharedSettings,
             secrets: Iterable[str]) -> list[dict[str, Any]]:
-    """The objects of the namespace's shared gateway; none when it is not asked for."""
+    """The objects of the namespace's shared gateway, and its identity (``identity``) in
+    every namespace."""
     if not enabled(annotations):
-        return []
+        return identity(namespace, settings.role_prefix)
     limits = limits_of(annotations, settings)
     config: dict[str, str] = {}
     if limits:
         config["rate-limits.json"] = json.dumps(limits, sort_keys=True)
     if settings.oauth:
         config["oauth.json"] = json.dumps(settings.oauth, sort_keys=True)
-    subject = [{"kind": "ServiceAccount", "name": NAME, "namespace": namespace}]
-
-    def role_binding(name: str, role: str, kind: str, ns: str | None) -> dict[str, Any]:
-        return {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": kind,
-                "metadata": _meta(name, ns), "subjects": subject,
-                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
-                            "name": f"{settings.role_prefix}-{role}"}}
+    prefix = settings.role_prefix
     objects: list[dict[str, Any]] = [
-        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": _meta(NAME, namespace),
-         "automountServiceAccountToken": False},
         {"apiVersion": "v1", "kind": "ConfigMap", "metadata": _meta(NAME, namespace),
          "data": config},
         {"apiVersion": "v1", "kind": "Service", "metadata": _meta(NAME, namespace),
@@ -137,11 +146,11 @@ def desired(namespace: str, annotations: Mapping[str, str], settings: SharedSett
              {"name": "http", "port": PORT, "targetPort": PORT},
              {"name": "metrics", "port": METRICS_PORT, "targetPort": METRICS_PORT}]}},
         _deployment(namespace, settings, sorted(set(secrets)), config),
-        role_binding(NAME, "gateway", "RoleBinding", namespace),
-        role_binding(f"{NAME}-callers", "gateway-callers", "RoleBinding", namespace),
-        role_binding(binding_name(namespace), "gateway-tokenreview", "ClusterRoleBinding", None),
+        _role_binding(f"{NAME}-callers", namespace, f"{prefix}-gateway-callers", "RoleBinding", namespace),
+        _role_binding(binding_name(namespace), namespace, f"{prefix}-gateway-tokenreview", "ClusterRoleBinding",
+                      None),
     ]
-    return [_hashed(o) for o in objects]
+    return identity(namespace, prefix) + [_hashed(o) for o in objects]
 
 
 def _deployment(namespace: str, s: SharedSettings, secrets: list[str],

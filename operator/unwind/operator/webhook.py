@@ -55,7 +55,11 @@ class TLSKeeper:
     configurations: Sequence[str]  # Validating/MutatingWebhookConfiguration names to keep current
     lifetimes: Lifetimes = field(default_factory=Lifetimes)
     context: ssl.SSLContext = field(default_factory=lambda: ssl.create_default_context(ssl.Purpose.CLIENT_AUTH))
+    # the same certificate, for the gateways' token exchange (exchange.py): no client
+    # certificate asked, whatever ClientAuth asks of the webhooks' callers
+    open_context: ssl.SSLContext = field(default_factory=lambda: ssl.create_default_context(ssl.Purpose.CLIENT_AUTH))
     loaded: str = ""  # the serving certificate in use
+    ca_pem: str = ""  # the CA that signed it (the gateways are given it to check the exchange)
     ready: asyncio.Event = field(default_factory=asyncio.Event)
     _version: str | None = None  # the Secret's resourceVersion when last read
     _warned: bool = False
@@ -87,6 +91,7 @@ class TLSKeeper:
             data = self._write(wanted, data)
         assert data is not None
         self.sync_ca_bundles(data[CA_CERT])
+        self.ca_pem = data[CA_CERT]
         if data[TLS_CERT] != self.loaded:
             self._load(data[TLS_CERT], data[TLS_KEY])
             log.info("webhook TLS: serving a certificate valid until %s", expires(data[TLS_CERT]))
@@ -161,6 +166,7 @@ class TLSKeeper:
             with os.fdopen(fd, "w") as out:
                 out.write(cert + key)
             self.context.load_cert_chain(path)
+            self.open_context.load_cert_chain(path)
         finally:
             os.unlink(path)
         self.loaded = cert
@@ -218,6 +224,8 @@ class WebhookServer:
     addr: str = "0.0.0.0"
     port: int = 9443
     clients: ClientAuth = field(default_factory=ClientAuth.from_env)
+    exchange: Any = None  # exchange.TokenExchange: served on exchange_port, which asks no client certificate
+    exchange_port: int = 0
 
     async def serve(self) -> None:
         self.clients.require(self.tls.context)  # before the first certificate: no unchecked caller
@@ -251,6 +259,7 @@ class WebhookServer:
         app.add_routes([aiohttp.web.post(NOOP_PATH, noop), aiohttp.web.post("/{id}", review)])
         runner = aiohttp.web.AppRunner(app, handle_signals=False, access_log=None)
         await runner.setup()
+        runners = [runner]
         try:
             # reuse_port: a second operator process on the same machine (the local control
             # plane's two-replica test) shares the port; the kernel spreads connections.
@@ -258,6 +267,18 @@ class WebhookServer:
                                        reuse_port=True)
             await site.start()
             log.info("admission webhooks listening on https://%s:%d", self.addr, self.port)
+            if self.exchange is not None and self.exchange_port:
+                from .exchange import PATH
+
+                door = aiohttp.web.Application(client_max_size=64 * 1024)
+                door.add_routes([aiohttp.web.post(PATH, self.exchange.handle)])
+                exchange = aiohttp.web.AppRunner(door, handle_signals=False, access_log=None)
+                await exchange.setup()
+                runners.append(exchange)
+                await aiohttp.web.TCPSite(exchange, self.addr, self.exchange_port, ssl_context=self.tls.open_context,
+                                          reuse_port=True).start()
+                log.info("gateway token exchange listening on https://%s:%d%s", self.addr, self.exchange_port, PATH)
             await asyncio.Event().wait()
         finally:
-            await runner.cleanup()
+            for each in runners:
+                await each.cleanup()
