@@ -14,7 +14,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from unwind.cli.ledger_view import age, ledger_headers, printer_value
+from unwind.cli.ledger_view import age, ledger_headers, printer_value, with_live
 
 from .conftest import ROOT, GatewayProc, env
 
@@ -38,7 +38,8 @@ def test_ledger_show_prints_the_runs_page_as_kubectl_lists_it_and_each_entry(
     out = unwind("ledger", "show", run_name, "--ledger-dir", str(gateway.ledger)).stdout
     lines = out.splitlines()
     assert lines[0].split() == ["NAME", "RUN", "ENTRIES", "LAST", "STATE", "LIVE", "AGE"]
-    assert lines[1].split()[:4] == [run_name, run_name, "2", "refused"]
+    # LIVE: the comment stands, the refused call never ran (counted as the operator counts it)
+    assert lines[1].split()[:5] == [run_name, run_name, "2", "refused", "1"]
     entries = [line.split() for line in lines[lines.index("") + 2:]]
     assert [e[:5] for e in entries] == [["1", "a", "github.create_comment", "reversible",
                                          "succeeded"],
@@ -112,6 +113,17 @@ def test_printer_columns_are_read_as_kubectl_reads_them() -> None:
     assert printer_value(page, r".metadata.annotations.unwind\.dev/x") == "y"
     assert printer_value(page, ".status.live") is None
     assert ledger_headers() == ("NAME", "RUN", "ENTRIES", "LAST STATE", "LIVE", "AGE")
+
+
+def test_a_local_runs_live_is_counted_from_all_its_pages_entries_as_the_operator_counts_it() -> None:
+    def page(*entries: tuple[str, str]) -> dict[str, Any]:
+        return {"status": {"entries": [{"state": s, "effect": e} for s, e in entries]}}
+    pages = [page(("succeeded", "reversible"), ("succeeded", "read_only"), ("undone", "reversible")),
+             page(("uncertain", "compensable"), ("refused", "irreversible"), ("pending", "idempotent"))]
+    assert [p["status"].get("live") for p in with_live(pages)] == [2, None]
+    kept = [{"status": {"live": 7, "entries": []}}]  # written by an operator: left as it is
+    assert with_live(kept)[0]["status"]["live"] == 7
+    assert with_live([]) == []
 
 
 def test_ages_are_kubectls() -> None:

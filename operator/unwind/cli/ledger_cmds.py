@@ -51,7 +51,7 @@ def _pages(folder: Path, run: str) -> list[dict[str, Any]]:
     from ..ledger.store import StoreUnavailable
 
     try:
-        return read_run(folder, run)
+        return list(view.with_live(read_run(folder, run)))
     except StoreUnavailable as exc:
         raise _Problem(str(exc)) from None
 

@@ -16,6 +16,7 @@ from typing import Any
 
 from ..api.resources import KINDS, Column
 from ..ledger.entry import parse_stamp
+from ..ledger.rollback_rules import live_count
 from .plugin_view import table
 
 LEDGER_COLUMNS: tuple[Column, ...] = next(k.columns for k in KINDS if k.kind == "EffectLedger")
@@ -106,6 +107,15 @@ def entry_row(entry: Mapping[str, Any], now: datetime) -> tuple[Any, ...]:
     return (entry.get("seq"), entry.get("id"), entry.get("tool"), entry.get("effect"),
             entry.get("state"), error.get("code") if error else None,
             age(times.get("requested") if times else None, now))
+
+
+def with_live(pages: Sequence[dict[str, Any]]) -> Sequence[dict[str, Any]]:
+    """A local run's pages with ``status.live`` on its first page, counted from all its
+    entries as the operator counts it in a cluster (``rollback_rules.live_count``): only
+    the operator writes it, so a folder's pages never hold it of themselves."""
+    if pages and isinstance(pages[0].get("status"), dict) and "live" not in pages[0]["status"]:
+        pages[0]["status"]["live"] = live_count(entries_of(pages))
+    return pages
 
 
 def entries_of(pages: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:

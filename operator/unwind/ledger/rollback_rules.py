@@ -35,11 +35,26 @@ from .store import lock_name
 
 LOOKUP_STATES = frozenset({"uncertain", "pending"})
 UNDOABLE_STATES = frozenset({"succeeded", "undoing", "undo_failed"})
+# States of an entry whose effect may still stand, and effects with nothing to undo (the
+# planner's "skip"): the LIVE column (``status.live``) counts the live entries of a run.
+LIVE_STATES = frozenset({"succeeded", "uncertain", "pending", "undoing", "undo_failed"})
+NO_EFFECT = frozenset({"read_only", "idempotent"})
 # What a person may settle by hand (the lifecycle's person rows): an effect that may stand.
 SETTLEABLE = frozenset({"succeeded", "undo_failed", "undoing", "uncertain", "pending"})
 # What a finished undo step records in the entry's ``undo``, from the step runner's result.
 _UNDO_RESULT = ("outcome", "reason", "first_mismatch", "call", "verification", "finished")
 _LOOKUP_RESULT = ("tool", "outcome", "reason", "call", "finished")
+
+
+def is_live(state: Any, effect: Any) -> bool:
+    """Whether an entry's effect may still stand in the world (an unknown effect counts)."""
+    return state in LIVE_STATES and effect not in NO_EFFECT
+
+
+def live_count(entries: Iterable[Mapping[str, Any]]) -> int:
+    """LIVE of a run over its entries as stored (no model: the operator runs it on every
+    ledger event, and ``unwind ledger`` on local pages, which the operator never writes)."""
+    return sum(1 for e in entries if is_live(e.get("state"), e.get("effect")))
 
 
 # ---- what to wait for, what may be looked up ----

@@ -69,8 +69,6 @@ from .objects import Event
 from .retention import Retention
 from .retention import decide as decide_retention
 from .rollback import (
-    LIVE_STATES,
-    NO_EFFECT,
     PASS_FAILURES,
     Context,
     Decision,
@@ -693,9 +691,4 @@ def relevant(body: dict[str, Any]) -> bool:
         return True
     if int(spec.get("page") or 1) > 1:
         return True
-    return not status.get("next") and _raw_live(entries) != (status.get("live") or 0)
-
-
-def _raw_live(entries: list[dict[str, Any]]) -> int:
-    """``rollback.live_entries`` over entries as stored (no model: this runs on every event)."""
-    return sum(1 for e in entries if e.get("state") in LIVE_STATES and e.get("effect") not in NO_EFFECT)
+    return not status.get("next") and rules.live_count(entries) != (status.get("live") or 0)

@@ -115,15 +115,10 @@ class Reason:
 
 # Reasons of a failure of the operator's pass, not of a step: a pass that writes clears them.
 PASS_FAILURES = frozenset({Reason.STATUS_WRITE_FAILED, Reason.RECONCILE_FAILED})
-# States of an entry whose effect may still stand, and effects with nothing to undo (the
-# planner's "skip"): `kubectl unwind plan` lists a step for each live entry.
-LIVE_STATES = frozenset({"succeeded", "uncertain", "pending", "undoing", "undo_failed"})
-NO_EFFECT = frozenset({"read_only", "idempotent"})
-
-
 def live_entries(entries: Sequence[Entry]) -> list[Entry]:
-    """The entries whose effects may still stand in the world (an unknown effect counts)."""
-    return [e for e in entries if e.state in LIVE_STATES and e.effect not in NO_EFFECT]
+    """The entries whose effects may still stand in the world (``rollback_rules.is_live``):
+    `kubectl unwind plan` lists a step for each."""
+    return [e for e in entries if rules.is_live(e.state, e.effect)]
 
 
 Change = AnyWrite  # every entry change is a lifecycle write (ledger/rollback_rules.py)
