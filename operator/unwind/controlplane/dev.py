@@ -239,7 +239,10 @@ class Start(NamedTuple):
 DAEMONS = {"upstream": ("the examples' upstream", (b"tests.upstream.server",)),
            # started by `dev up` before the node ran the operator: still stopped by `down`
            "operator": ("the operator (as a process)", (b"unwind.cli.main", b"operator")),
-           "node": ("the kubelet stand-in", (b"unwind.cli.main", b"node"))}
+           "node": ("the kubelet stand-in", (b"unwind.cli.main", b"node")),
+           "exchange": ("the token exchange's relay", (b"unwind.controlplane.relay",))}
+EXCHANGE_PORT = 9444  # the relay on the node's address to the operator's exchange (relay.py)
+EXCHANGE_URL = f"https://{kubenode.NODE_ADDRESS}:{EXCHANGE_PORT}"
 UPSTREAM_PORT = 8788  # where manifests/ point, through the Service in UPSTREAM_SERVICE
 UPSTREAM_HOSTS = (kubenode.NODE_ADDRESS, "127.0.0.1")  # for pods, and for a gateway on this machine
 UPSTREAM_SERVICE = ROOT / "examples" / "upstream-service.yaml"
@@ -323,7 +326,9 @@ def node_values(trusted: tuple[str, ...] = ("admin",)) -> dict[str, object]:
     (never pulled), and the control plane's own admin as a trusted applier so the
     quickstart publishes what it applies."""
     return {"image": {"repository": DEV_IMAGE_REPOSITORY, "tag": DEV_IMAGE_TAG, "pullPolicy": "Never"},
-            "operator": {"trustedAppliers": list(trusted)}}
+            "operator": {"trustedAppliers": list(trusted)},
+            # pods here reach the operator's exchange through the relay (relay.py), not its Service
+            "webhook": {"exchangeURL": EXCHANGE_URL}}
 
 
 def wait_operator(kubeconfig: Path, since: float, timeout: float = 240) -> None:
@@ -381,6 +386,8 @@ def up(workdir: Path, *, clean: bool = False, images: Any = None) -> Started:
         install_crds(cp.kubeconfig)
         chart = install_chart(cp.kubeconfig, node_values())
         wait_operator(cp.kubeconfig, since)
+        relay = start_relay(workdir, cp.kubeconfig)
+        (workdir / "exchange.pid").write_text(str(relay.pid))
     except BaseException:
         cp.stop()
         raise
@@ -388,6 +395,27 @@ def up(workdir: Path, *, clean: bool = False, images: Any = None) -> Started:
     if upstream is not None:
         (workdir / "upstream.pid").write_text(str(upstream.pid))
     return Started(cp, start, chart, upstream is not None)
+
+
+def start_relay(workdir: Path, kubeconfig: Path) -> subprocess.Popen[bytes]:
+    """The relay from the node's address to the webhook Service's port ``exchange``, where
+    the gateways of the node's pods trade their token (relay.py says why)."""
+    ip = kubectl(kubeconfig, "-n", OPERATOR_NAMESPACE, "get", "service", f"{RELEASE}-webhook",
+                 "-o", "jsonpath={.spec.clusterIP}").strip()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "operator"),
+                                                                     os.environ.get("PYTHONPATH")]))}
+    with (workdir / "exchange.log").open("ab") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "unwind.controlplane.relay",
+                                 f"{kubenode.NODE_ADDRESS}:{EXCHANGE_PORT}", f"{ip}:{EXCHANGE_PORT}"],
+                                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                                start_new_session=True)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and proc.poll() is None:
+        with socket.socket() as probe:
+            if probe.connect_ex((kubenode.NODE_ADDRESS, EXCHANGE_PORT)) == 0:
+                return proc
+        time.sleep(0.2)
+    raise ControlPlaneError(f"the token exchange's relay did not start; log {workdir / 'exchange.log'}")
 
 
 def start_upstream(workdir: Path) -> subprocess.Popen[bytes] | None:

@@ -245,8 +245,9 @@ class ExchangeAddress:
             raise Refused("the operator's certificate is not ready yet, so its gateways could not check the "
                           "token exchange; try again in a few seconds", 503)
         url, c = self._url(), self.config
-        # the certificate is for the Service's names (WebhookConfig.service_names), not its IP
-        name = "" if not c.service or c.exchange_url else next(
+        # the certificate is for the Service's names (WebhookConfig.service_names), not for
+        # the address the gateway dials
+        name = "" if not c.service else next(
             (n for n in c.names if n.startswith(f"{c.service}.") and n.endswith(".svc")), "")
         return url, ca, name
 
