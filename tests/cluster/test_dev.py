@@ -95,6 +95,7 @@ def test_up_after_down_resumes_the_cluster_with_the_manifests_that_were_applied(
     components = running_in_dir(dev_dir / "cluster")
     assert {"containerd", "kubelet", "kube-scheduler", "kube-proxy"} <= set(components), components
     assert bool(daemons["upstream"]) == first.upstream  # not started when port 8788 is taken
+    assert daemons["exchange"]  # the relay to the operator's token exchange: pods need it to start
     assert down(dev_dir)
     assert not running_in_dir(dev_dir / "cluster")
     assert not [stem for stem, pid in {**daemons, **components}.items() if pid and pid_alive(pid)]
