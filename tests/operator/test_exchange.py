@@ -103,3 +103,34 @@ def test_an_agent_pod_projecting_the_operators_audience_itself_is_refused_at_adm
     (problem,) = isolation_problems(p)
     assert problem.startswith("spec.volumes[0].projected.sources[0].serviceAccountToken: a token of the audience "
                               "'unwind-operator' is the gateway's")
+
+
+def test_gateways_are_told_the_services_address_and_name_or_the_address_given_and_the_services_name() -> None:
+    from types import SimpleNamespace
+
+    from unwind.operator.admission import Refused
+    from unwind.operator.hooks import ExchangeAddress, WebhookConfig
+
+    names = WebhookConfig.service_names("unwind-webhook", "unwind-system")
+    service = SimpleNamespace(spec=SimpleNamespace(cluster_ip="10.0.0.19", ports=[
+        SimpleNamespace(name="webhook", port=443), SimpleNamespace(name="exchange", port=9555)]))
+    read: list[str] = []
+
+    def reader(name: str) -> Any:
+        read.append(name)
+        return service
+
+    config = WebhookConfig(names=names, service="unwind-webhook")
+    address = ExchangeAddress(reader, lambda: "CA", config)
+    assert address() == ("https://10.0.0.19:9555", "CA", "unwind-webhook.unwind-system.svc")
+    assert address()[0] == "https://10.0.0.19:9555" and read == ["unwind-webhook"]  # read once
+    relayed = ExchangeAddress(reader, lambda: "CA", WebhookConfig(
+        names=names, service="unwind-webhook", exchange_url="https://10.244.0.1:9444/"))
+    assert relayed() == ("https://10.244.0.1:9444", "CA", "unwind-webhook.unwind-system.svc")
+    beside = ExchangeAddress(reader, lambda: "CA", WebhookConfig(addr="127.0.0.1", exchange_port=4321))
+    assert beside() == ("https://127.0.0.1:4321", "CA", "")
+    with pytest.raises(Refused, match="certificate is not ready yet"):
+        ExchangeAddress(reader, lambda: "", config)()
+    headless = SimpleNamespace(spec=SimpleNamespace(cluster_ip="None", ports=[]))
+    with pytest.raises(Refused, match="has no cluster IP"):
+        ExchangeAddress(lambda name: headless, lambda: "CA", config)()
