@@ -10,6 +10,8 @@ with :func:`unwind.controlplane.dev.up` exactly as ``scripts/dev-up.sh`` does. O
   in containers, and the demo pod completes;
 - a labelled pod that uses the default token mount (kube-api-access-*, as clusters from 1.22
   on give, no feature gate) is injected, and its agent finds no token;
+- a pod of the demo agent's ServiceAccount without the label is refused by the API server
+  (ledger, Secret, bundle) and by the operator's token exchange;
 - the gateway is a native sidecar (an init container with ``restartPolicy: Always``): an agent
   run as a Job completes when its agent exits, without ``/quitquitquit``, and the kubelet
   stops the gateway after the agent, which still finishes and records the call in flight;
@@ -42,6 +44,7 @@ from kubernetes import client, config
 from unwind.controlplane import kubenode, nodeclean
 from unwind.controlplane.build import PARTS, kubectl_binary
 from unwind.controlplane.dev import (
+    EXCHANGE_URL,
     OPERATOR_DEPLOYMENT,
     OPERATOR_NAMESPACE,
     ROOT,
@@ -292,8 +295,8 @@ def test_a_pod_with_the_default_token_mount_is_injected_and_its_agent_holds_no_t
     core = client.CoreV1Api(api)
     plain = agent_pod("plain", "code-hosting", LOOK_FOR_TOKEN, labelled=False)
     labelled = agent_pod("labelled", "code-hosting", LOOK_FOR_TOKEN)
-    # a native sidecar starts the agent only once the gateway is ready, which needs the
-    # demo's ServiceAccount (allowed to read the bundle and write the ledger)
+    # a native sidecar starts the agent only once the gateway is ready: the demo's
+    # ServiceAccount, in the namespace whose bundle the gateway reads
     labelled["spec"]["serviceAccountName"] = "demo-agent"
     kubectl(kc, "apply", "-f", "-", input_text=yaml.safe_dump_all([*demo_account(), plain]))
     # what the ServiceAccount admission plugin gives a pod here, as on clusters from 1.22 on
@@ -312,6 +315,54 @@ def test_a_pod_with_the_default_token_mount_is_injected_and_its_agent_holds_no_t
         timeout=90)
     assert "TOKEN absent" in said
     core.delete_namespaced_pod("labelled", "code-hosting", grace_period_seconds=0)
+
+
+TRY_AS_THE_AGENT = f"""
+import json, ssl, urllib.error, urllib.request
+token = open("{SA_TOKEN_DIR}/token").read()
+api = ssl.create_default_context(cafile="{SA_TOKEN_DIR}/ca.crt")
+def ask(what, method, url, body, context, bearer):
+    request = urllib.request.Request(url, method=method, data=body, headers={{
+        "Authorization": "Bearer " + bearer, "Content-Type": "application/json"}})
+    try:
+        with urllib.request.urlopen(request, context=context, timeout=20) as r:
+            print(what, r.status)
+    except urllib.error.HTTPError as e:
+        print(what, e.code, e.read().decode()[:300].replace(chr(10), " "))
+base = "https://10.0.0.1:443"
+ledger = json.dumps({{"apiVersion": "unwind.dev/v1alpha1", "kind": "EffectLedger",
+                     "metadata": {{"name": "forged"}}, "spec": {{"run": "forged"}}}}).encode()
+ask("LEDGER", "POST", base + "/apis/unwind.dev/v1alpha1/namespaces/code-hosting/effectledgers", ledger, api, token)
+ask("SECRET", "GET", base + "/api/v1/namespaces/code-hosting/secrets/github-token", None, api, token)
+ask("BUNDLE", "GET", base + "/api/v1/namespaces/code-hosting/configmaps/unwind-bundle", None, api, token)
+unverified = ssl.create_default_context()
+unverified.check_hostname, unverified.verify_mode = False, ssl.CERT_NONE
+ask("EXCHANGE", "POST", "{EXCHANGE_URL}/v1/gateway-token", b"", unverified, open("/var/run/secrets/op/token").read())
+"""
+
+
+def test_a_pod_of_the_agents_service_account_without_the_label_can_neither_write_a_ledger_nor_read_a_secret(
+        kc: Path, api: client.ApiClient, manifests: None) -> None:
+    # issue 29, item 10, on the node: the agent's ServiceAccount holds no Unwind right, and
+    # its token for the operator's audience buys nothing from a pod the webhook did not inject
+    outsider = agent_pod("outsider", "code-hosting", TRY_AS_THE_AGENT, labelled=False)
+    outsider["spec"]["serviceAccountName"] = "demo-agent"
+    outsider["spec"]["volumes"] = [{"name": "op", "projected": {"sources": [
+        {"serviceAccountToken": {"path": "token", "audience": "unwind-operator", "expirationSeconds": 600}}]}}]
+    outsider["spec"]["containers"][0]["volumeMounts"] = [{"name": "op", "mountPath": "/var/run/secrets/op"}]
+    secret = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "github-token", "namespace": "code-hosting"},
+              "stringData": {"token": "s3cret"}}
+    kubectl(kc, "apply", "-f", "-", input_text=yaml.safe_dump_all([*demo_account(), secret, outsider]))
+    try:
+        assert finished(api, "code-hosting", "outsider") == "Succeeded"
+        said = {line.split()[0]: line.split(maxsplit=2)[1:] for line in
+                kubectl(kc, "-n", "code-hosting", "logs", "outsider").splitlines() if line.split()}
+        assert said["LEDGER"][0] == "403" and "demo-agent" in said["LEDGER"][1], said
+        assert said["SECRET"][0] == "403" and said["BUNDLE"][0] == "403", said
+        assert said["EXCHANGE"][0] == "403" and "is not labelled unwind.dev/inject=true" in said["EXCHANGE"][1], said
+    finally:
+        kubectl(kc, "-n", "code-hosting", "delete", "pod/outsider", "secret/github-token", "--wait=false",
+                check=False)
 
 
 def test_an_agent_run_as_a_job_completes_with_its_gateway(kc: Path, api: client.ApiClient, manifests: None) -> None:
