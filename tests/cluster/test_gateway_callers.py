@@ -45,6 +45,15 @@ def upstream(tmp_path_factory: pytest.TempPathFactory) -> Iterator[UpstreamProc]
         yield up
 
 
+def absent(create: Any) -> None:
+    """Create an object unless it is there already (409)."""
+    try:
+        create()
+    except client.ApiException as exc:
+        if exc.status != 409:
+            raise
+
+
 @pytest.fixture(scope="module")
 def agent_ns(operator: OperatorProcess, k8s_api: client.ApiClient, control_plane: ControlPlane,
              upstream: UpstreamProc) -> Iterator[str]:
@@ -52,14 +61,16 @@ def agent_ns(operator: OperatorProcess, k8s_api: client.ApiClient, control_plane
         core = client.CoreV1Api(k8s_api)
         core.patch_namespaced_service_account(AGENT, ns, {"metadata": {"annotations": {
             "unwind.dev/scopes": "repo:read,repo:write"}}})
-        core.create_namespaced_service_account(ns, {"metadata": {"name": IDENTITY}})
         rbac = client.RbacAuthorizationV1Api(k8s_api)
+        # The operator keeps the namespace's gateway identity (ServiceAccount and its
+        # RoleBinding unwind-gateway) and may have made it first: create what it has not yet.
+        absent(lambda: core.create_namespaced_service_account(ns, {"metadata": {"name": IDENTITY}}))
         for role in ("unwind-gateway", "unwind-gateway-callers"):
-            rbac.create_namespaced_role_binding(ns, {
+            absent(lambda role=role: rbac.create_namespaced_role_binding(ns, {
                 "metadata": {"name": role},
                 "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
                             "name": role},
-                "subjects": [{"kind": "ServiceAccount", "name": IDENTITY, "namespace": ns}]})
+                "subjects": [{"kind": "ServiceAccount", "name": IDENTITY, "namespace": ns}]}))
         binding = f"unwind-gateway-tokenreview-{ns}"
         rbac.create_cluster_role_binding({
             "metadata": {"name": binding},
