@@ -69,8 +69,9 @@ def store(dev: Started, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Po
 
 @pytest.fixture(scope="module")
 def records(kc: Path, store: PouchDB) -> None:  # noqa: F811
-    """The namespace (Pod Security restricted), the agent's account and the store's tools,
-    applied by the dev cluster's admin (a trusted applier: published without an Approval)."""
+    """The namespace (Pod Security restricted), the agent's account (no RoleBinding: its
+    gateway trades the pod's token for unwind-gateway's) and the store's tools, applied by the
+    dev cluster's admin (a trusted applier: published without an Approval)."""
     tools = [{"apiVersion": "unwind.dev/v1alpha1", "kind": "ToolManifest",
               "metadata": {"name": spec["tool"].replace("_", "-"), "namespace": NS}, "spec": spec}
              for spec in yaml.safe_load(manifests_for(store.url))]
@@ -79,10 +80,6 @@ def records(kc: Path, store: PouchDB) -> None:  # noqa: F811
             "pod-security.kubernetes.io/enforce": "restricted", "pod-security.kubernetes.io/warn": "restricted"}}},
         {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {
             "name": AGENT_ACCOUNT, "namespace": NS, "annotations": {"unwind.dev/scopes": "docs:read,docs:write"}}},
-        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
-         "metadata": {"name": "records-agent-gateway", "namespace": NS},
-         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "unwind-gateway"},
-         "subjects": [{"kind": "ServiceAccount", "name": AGENT_ACCOUNT, "namespace": NS}]},
         *tools]))
     kubectl(kc, "-n", NS, "wait", "--for=condition=Ready", "toolmanifests", "--all", "--timeout=120s")
 
