@@ -156,6 +156,16 @@ def _cpu(pid: int) -> tuple[float, float]:
     return ns / 1e9, ticks / os.sysconf("SC_CLK_TCK")
 
 
+def _side_threads_s(pid: int) -> float:
+    """CPU seconds (schedstat) of the live threads of ``pid`` other than its main one."""
+    ns = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        if task.name != str(pid):
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                ns += int((task / "schedstat").read_text().split()[0])
+    return ns / 1e9
+
+
 def _cpu_delta(before: tuple[float, float], after: tuple[float, float]) -> float:
     precise, ticks = after[0] - before[0], after[1] - before[1]
     # a thread that exited during the load is missing from the schedstat sum: trust the
@@ -262,6 +272,8 @@ class Result:
     load: Load
     cpu_ms: float  # per call answered
     per_call: dict[str, float | None] = field(default_factory=dict)  # metric deltas per call
+    threads_ms: float = 0.0  # of cpu_ms, what threads other than the main one spent (a batch
+    # span exporter's, the ledger's fsync threads)
 
 
 @dataclass
@@ -286,9 +298,9 @@ def _measure(server: Server, shapes: list[Shape], drive: Driver, seconds: float,
         length = seconds if shape.rate else peak_seconds
         drive(url, shape.rate, 0.5, shape.concurrency, f"warm-{n}")  # connections, caches
         before = {k: _metric(server.port, names) for k, names in server.metrics.items()}
-        cpu0 = _cpu(server.pid)
+        cpu0, side0 = _cpu(server.pid), _side_threads_s(server.pid)
         load = drive(url, shape.rate, length, shape.concurrency, f"bench-{n}")
-        cpu1 = _cpu(server.pid)
+        cpu1, side1 = _cpu(server.pid), _side_threads_s(server.pid)
         after = {k: _metric(server.port, names) for k, names in server.metrics.items()}
         calls = len(load.latencies_ms)
         per_call: dict[str, float | None] = {}
@@ -296,7 +308,8 @@ def _measure(server: Server, shapes: list[Shape], drive: Driver, seconds: float,
             a, b = after[key], before[key]
             per_call[key] = None if a is None or b is None or not calls else (a - b) / calls
         cpu = _cpu_delta(cpu0, cpu1) * 1000 / calls if calls else float("nan")
-        server.results[shape] = Result(load, cpu, per_call)
+        side = (side1 - side0) * 1000 / calls if calls else 0.0
+        server.results[shape] = Result(load, cpu, per_call, max(side, 0.0))
     server.rss_kb = _rss_kb(server.pid)
 
 

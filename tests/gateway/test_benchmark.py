@@ -59,6 +59,8 @@ def test_the_authenticated_gateway_benchmark_prints_every_row_and_issue_32s_targ
                    ">= 1000 authenticated calls/s at 10 concurrent, file ledger",
                    "trace export <= 5% CPU at 200 calls/s", "one Redis round trip (PING"):
         assert target in text, text
+    [split] = [line for line in text.splitlines() if "is off the event loop" in line]
+    float(split.split("ms is off")[0].split(",")[-1])  # a figure (0.5 s may end before a batch)
 
 
 def test_the_mcp_rows_print_each_door_beside_the_plain_proxy_with_upstream_requests_per_call() -> None:
