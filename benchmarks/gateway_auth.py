@@ -1,7 +1,7 @@
 """Benchmark: what authentication, rate limits and trace export add to a gateway call,
 beside a bare aiohttp proxy and the plain gateway, in one run.
 
-    .venv/bin/python -m benchmarks.gateway_auth [--seconds 5] [--peak-seconds 3]
+    .venv/bin/python -m benchmarks.gateway_auth [--seconds 5] [--peak-seconds 3] [--rounds 3]
 
 Servers, each a process of its own in front of one small upstream (benchmarks.gateway's):
 
@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -73,6 +74,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--seconds", type=float, default=5)
     parser.add_argument("--peak-seconds", type=float, default=3)
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="runs of every row, interleaved; each figure is their median")
     parser.add_argument("--serve-sink", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.serve_sink:
@@ -81,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     shapes = [g.Shape(1, 0), g.Shape(10, 0)]
     traced_shape = [g.Shape(10, 200)]
     procs: list[subprocess.Popen[bytes]] = []
-    rows: list[g.Server] = []
+    rounds: dict[str, list[g.Server]] = {}  # kind -> its server in each round
     with tempfile.TemporaryDirectory(prefix="unwind-bench-auth-") as tmp:
         folder = Path(tmp)
         redis_port = g._free_port()
@@ -142,34 +145,35 @@ def main(argv: list[str] | None = None) -> int:
                      ("file ledger + oauth + limits", "file", (
                          "--ledger-dir", str(folder / "ledger"), "--auth", "oauth",
                          "--oauth-config", oauth, "--rate-limits", limits), True)]
-            for label, kind, extra, auth in plain:
-                server = start(label, kind, *extra)
+            traced = [("memory, no traces", "untraced", None),
+                      ("memory, OTLP export", "traced", {"OTEL_EXPORTER_OTLP_ENDPOINT": issuer}),
+                      ("memory, OTLP export, 1 in 10", "sampled", {
+                          "OTEL_EXPORTER_OTLP_ENDPOINT": issuer,
+                          "OTEL_TRACES_SAMPLER": "parentbased_traceidratio",
+                          "OTEL_TRACES_SAMPLER_ARG": "0.1"})]
+            for _ in range(args.rounds):  # every row once a round: a slow minute hits them all
+                for label, kind, extra, auth in plain:
+                    server = start(label, kind, *extra)
+                    g.EXTRA_HEADERS.clear()
+                    if auth:
+                        g.EXTRA_HEADERS["Authorization"] = f"Bearer {token}"
+                    g._measure(server, shapes, g._paced, args.seconds, args.peak_seconds)
+                    rounds.setdefault(kind, []).append(server)
+                    g._stop(procs[-1:])
+                    del procs[-1]
                 g.EXTRA_HEADERS.clear()
-                if auth:
-                    g.EXTRA_HEADERS["Authorization"] = f"Bearer {token}"
-                g._measure(server, shapes, g._paced, args.seconds, args.peak_seconds)
-                rows.append(server)
-                g._stop(procs[-1:])
-                del procs[-1]
-            g.EXTRA_HEADERS.clear()
-            for label, kind, env in (("memory, no traces", "untraced", None),
-                                     ("memory, OTLP export", "traced", {
-                                         "OTEL_EXPORTER_OTLP_ENDPOINT": issuer}),
-                                     ("memory, OTLP export, 1 in 10", "sampled", {
-                                         "OTEL_EXPORTER_OTLP_ENDPOINT": issuer,
-                                         "OTEL_TRACES_SAMPLER": "parentbased_traceidratio",
-                                         "OTEL_TRACES_SAMPLER_ARG": "0.1"})):
-                server = start(label, kind, "--benchmark-memory-store", env=env)
-                g._measure(server, traced_shape, g._paced, args.seconds, args.peak_seconds)
-                rows.append(server)
-                g._stop(procs[-1:])
-                del procs[-1]
+                for label, kind, env in traced:
+                    server = start(label, kind, "--benchmark-memory-store", env=env)
+                    g._measure(server, traced_shape, g._paced, args.seconds, args.peak_seconds)
+                    rounds.setdefault(kind, []).append(server)
+                    g._stop(procs[-1:])
+                    del procs[-1]
             ping_ms = _redis_floor(redis_url)
         finally:
             g._stop(procs)
             redis.terminate()
             redis.wait(10)
-    _print(rows, shapes, traced_shape, ping_ms)
+    _print(rounds, shapes, traced_shape, ping_ms)
     return 0
 
 
@@ -194,45 +198,66 @@ def _redis_floor(url: str, n: int = 5000) -> float:
     return asyncio.run(ping())
 
 
-def _print(rows: list[g.Server], shapes: list[g.Shape], traced: list[g.Shape],
+def _print(rounds: dict[str, list[g.Server]], shapes: list[g.Shape], traced: list[g.Shape],
            ping_ms: float) -> None:
-    by = {s.kind: s for s in rows}
-    print("client: python (aiohttp), its own process; CPU per call from the serving process's "
-          "counters; x = ratio to the bare proxy in the same shape")
+    n = min(len(servers) for servers in rounds.values())
+
+    def median(values: list[float]) -> float:
+        return statistics.median(values)
+
+    def per_round(kind: str, shape: g.Shape) -> list[g.Result]:
+        return [s.results[shape] for s in rounds[kind]]
+
+    def cpu(kind: str, shape: g.Shape) -> list[float]:
+        return [r.cpu_ms for r in per_round(kind, shape)]
+
+    def added(kind: str, base: str, shape: g.Shape) -> float:
+        """Median over the rounds of what ``kind`` adds to ``base`` in the same round."""
+        return median([a - b for a, b in zip(cpu(kind, shape), cpu(base, shape), strict=True)])
+
+    print(f"client: python (aiohttp), its own process; CPU per call from the serving process's "
+          f"counters; each figure the median of {n} rounds (every row once a round); x = ratio "
+          f"to the bare proxy in the same shape")
     print(f"{'':32} {'calls/s':>8} {'CPU ms':>7} {'x':>5} {'p50 ms':>7} {'p99 ms':>7} {'err':>4}")
     for shape in [*shapes, *traced]:
         print(f"-- {shape.label}")
-        for s in rows:
-            r = s.results.get(shape)
-            if r is None:
+        for kind, servers in rounds.items():
+            if shape not in servers[0].results:
                 continue
-            bare = by["bare"].results.get(shape)
-            x = f"{r.cpu_ms / bare.cpu_ms:5.2f}" if bare and bare.cpu_ms else ""
-            print(f"  {s.label:30} {r.load.throughput:8.0f} {r.cpu_ms:7.3f} {x:>5} "
-                  f"{r.load.pct(50):7.2f} {r.load.pct(99):7.2f} {r.load.errors:4d}")
-    print("RSS after the loads (MB, now / peak): " + "; ".join(
-        f"{s.label} {s.rss_kb[0] / 1024:.1f} / {s.rss_kb[1] / 1024:.1f}" for s in rows))
+            results = per_round(kind, shape)
+            ms = median([r.cpu_ms for r in results])
+            bare = median(cpu("bare", shape)) if shape in rounds["bare"][0].results else 0
+            x = f"{ms / bare:5.2f}" if bare else ""
+            print(f"  {servers[0].label:30} {median([r.load.throughput for r in results]):8.0f} "
+                  f"{ms:7.3f} {x:>5} {median([r.load.pct(50) for r in results]):7.2f} "
+                  f"{median([r.load.pct(99) for r in results]):7.2f} "
+                  f"{sum(r.load.errors for r in results):4d}")
+    print("RSS after the loads (MB, now / peak, the last round): " + "; ".join(
+        f"{s[-1].label} {s[-1].rss_kb[0] / 1024:.1f} / {s[-1].rss_kb[1] / 1024:.1f}"
+        for s in rounds.values()))
     print("targets (issue 32), in this run:")
     for shape in shapes:
-        added = by["limits"].results[shape].cpu_ms - by["memory"].results[shape].cpu_ms
-        auth = by["auth"].results[shape].cpu_ms - by["memory"].results[shape].cpu_ms
-        local = by["local"].results[shape].cpu_ms - by["memory"].results[shape].cpu_ms
+        both = added("limits", "memory", shape)
         print(f"  authentication (cached) + rate limit add <= {AUTH_CPU_MS} ms CPU per call, "
-              f"{shape.label}: {added:+.3f} ms (authentication alone {auth:+.3f}, with "
-              f"in-process buckets {local:+.3f}) {g._met(added <= AUTH_CPU_MS)}")
+              f"{shape.label}: {both:+.3f} ms (authentication alone "
+              f"{added('auth', 'memory', shape):+.3f}, with in-process buckets "
+              f"{added('local', 'memory', shape):+.3f}) {g._met(both <= AUTH_CPU_MS)}")
     print(f"  one Redis round trip (PING, redis.asyncio) costs its client {ping_ms:.3f} ms CPU")
-    rate = by["file"].results[shapes[-1]].load.throughput
-    plain = by["file-plain"].results[shapes[-1]].load.throughput
+    rate = median([r.load.throughput for r in per_round("file", shapes[-1])])
+    plain = median([r.load.throughput for r in per_round("file-plain", shapes[-1])])
     print(f"  >= {CALLS_PER_S} authenticated calls/s at 10 concurrent, file ledger: {rate:.0f}/s "
           f"(without auth and limits {plain:.0f}/s) {g._met(rate >= CALLS_PER_S)}")
-    on, off = by["traced"].results[traced[0]].cpu_ms, by["untraced"].results[traced[0]].cpu_ms
-    sampled = by["sampled"].results[traced[0]].cpu_ms
-    exporter = (by["traced"].results[traced[0]].threads_ms
-                - by["untraced"].results[traced[0]].threads_ms)
-    print(f"  trace export <= 5% CPU at 200 calls/s: {on / off - 1:+.1%} (one call in ten "
-          f"sampled: {sampled / off - 1:+.1%}) {g._met(on / off <= TRACE_CPU_RATIO)}")
-    print(f"    of the {on - off:+.3f} ms a traced call adds, {exporter:+.3f} ms is off the "
-          f"event loop (the batch exporter's thread: encoding and sending the spans)")
+    shape = traced[0]
+    on = median([a / b for a, b in zip(cpu("traced", shape), cpu("untraced", shape), strict=True)])
+    sampled = median([a / b for a, b in zip(cpu("sampled", shape), cpu("untraced", shape),
+                                            strict=True)])
+    exporter = median([a.threads_ms - b.threads_ms for a, b in zip(
+        per_round("traced", shape), per_round("untraced", shape), strict=True)])
+    print(f"  trace export <= 5% CPU at 200 calls/s: {on - 1:+.1%} (one call in ten "
+          f"sampled: {sampled - 1:+.1%}) {g._met(on <= TRACE_CPU_RATIO)}")
+    print(f"    of the {added('traced', 'untraced', shape):+.3f} ms a traced call adds, "
+          f"{exporter:+.3f} ms is off the event loop (the batch exporter's thread: encoding and "
+          f"sending the spans)")
 
 
 if __name__ == "__main__":

@@ -44,7 +44,7 @@ def test_the_mcp_door_benchmark_prints_both_doors_in_both_eras() -> None:
 
 def test_the_authenticated_gateway_benchmark_prints_every_row_and_issue_32s_targets() -> None:
     out = subprocess.run([sys.executable, "-m", "benchmarks.gateway_auth", "--seconds", "0.5",
-                          "--peak-seconds", "0.5"],
+                          "--peak-seconds", "0.5", "--rounds", "2"],
                          cwd=ROOT, env=env(), capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     text = out.stdout
