@@ -78,6 +78,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="runs of every row, interleaved; each figure is their median")
     parser.add_argument("--serve-sink", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.rounds < 1:
+        parser.error("--rounds: at least 1")
     if args.serve_sink:
         _serve_sink(int(args.serve_sink[0]), args.serve_sink[1])
         return 0
@@ -201,10 +203,7 @@ def _redis_floor(url: str, n: int = 5000) -> float:
 def _print(rounds: dict[str, list[g.Server]], shapes: list[g.Shape], traced: list[g.Shape],
            ping_ms: float) -> None:
     n = min(len(servers) for servers in rounds.values())
-
-    def median(values: list[float]) -> float:
-        return statistics.median(values)
-
+    median = statistics.median
     def per_round(kind: str, shape: g.Shape) -> list[g.Result]:
         return [s.results[shape] for s in rounds[kind]]
 
