@@ -146,24 +146,26 @@ def _rss_kb(pid: int) -> tuple[int, int]:
 def _cpu(pid: int) -> tuple[float, float]:
     """(seconds on a CPU summed over the live threads' schedstat, in ns; seconds of
     utime + stime in clock ticks, which also count threads that have exited)."""
-    ns = 0
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        with contextlib.suppress(OSError, ValueError, IndexError):
-            ns += int((task / "schedstat").read_text().split()[0])
+    ns = _schedstat_ns(pid)
     stat = Path(f"/proc/{pid}/stat").read_text()
     fields = stat[stat.rindex(")") + 2:].split()
     ticks = int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of stat)
     return ns / 1e9, ticks / os.sysconf("SC_CLK_TCK")
 
 
-def _side_threads_s(pid: int) -> float:
-    """CPU seconds (schedstat) of the live threads of ``pid`` other than its main one."""
+def _schedstat_ns(pid: int, *, main: bool = True) -> int:
+    """ns on a CPU summed over the live threads of ``pid`` (without its main one: ``main=False``)."""
     ns = 0
     for task in Path(f"/proc/{pid}/task").iterdir():
-        if task.name != str(pid):
+        if main or task.name != str(pid):
             with contextlib.suppress(OSError, ValueError, IndexError):
                 ns += int((task / "schedstat").read_text().split()[0])
-    return ns / 1e9
+    return ns
+
+
+def _side_threads_s(pid: int) -> float:
+    """CPU seconds of the live threads of ``pid`` other than its main one."""
+    return _schedstat_ns(pid, main=False) / 1e9
 
 
 def _cpu_delta(before: tuple[float, float], after: tuple[float, float]) -> float:

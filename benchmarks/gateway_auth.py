@@ -220,12 +220,12 @@ def _print(rounds: dict[str, list[g.Server]], shapes: list[g.Shape], traced: lis
     print(f"{'':32} {'calls/s':>8} {'CPU ms':>7} {'x':>5} {'p50 ms':>7} {'p99 ms':>7} {'err':>4}")
     for shape in [*shapes, *traced]:
         print(f"-- {shape.label}")
+        bare = median(cpu("bare", shape)) if shape in rounds["bare"][0].results else 0
         for kind, servers in rounds.items():
             if shape not in servers[0].results:
                 continue
             results = per_round(kind, shape)
             ms = median([r.cpu_ms for r in results])
-            bare = median(cpu("bare", shape)) if shape in rounds["bare"][0].results else 0
             x = f"{ms / bare:5.2f}" if bare else ""
             print(f"  {servers[0].label:30} {median([r.load.throughput for r in results]):8.0f} "
                   f"{ms:7.3f} {x:>5} {median([r.load.pct(50) for r in results]):7.2f} "
